@@ -265,8 +265,7 @@ func fits(s *sharedDeadline, limit time.Time, slack time.Duration) bool {
 	return early >= 0 && early <= slack
 }
 
-// bound returns ctx's values bounded by a deadline at limit or shortly before it, for a ctx
-// that cannot be cancelled (ctx.Done() is nil).
+// bound returns ctx, which cannot be cancelled, with a shared deadline at limit or shortly before.
 func (b *sharedBound) bound(ctx context.Context, now, limit time.Time) context.Context {
 	return &boundCtx{Context: b.current(now, limit), values: ctx}
 }

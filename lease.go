@@ -126,10 +126,9 @@ func (x *Lease) makeContextLocked() {
 		// The parent's later end must not take the cause's place.
 		parent = context.WithoutCancel(parent)
 	}
-	cctx, cancel := context.WithCancelCause(parent)
-	x.ctx, x.cancel = cctx, cancel
+	x.ctx, x.cancel = context.WithCancelCause(parent)
 	if x.ended != endNone {
-		cancel(endCauses[x.ended])
+		x.cancel(endCauses[x.ended])
 	}
 	x.made.Store(true)
 }

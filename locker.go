@@ -53,9 +53,7 @@ var errGrantEnded = errors.New("flightlock: grant ended")
 const MaxKeyLen = lockstore.MaxKeyLen
 
 // busyError is ErrBusy with the holder's remaining TTL, for a Retry-After answer.
-type busyError struct {
-	retryAfter time.Duration
-}
+type busyError struct{ retryAfter time.Duration }
 
 func (e *busyError) Error() string {
 	if e.retryAfter > 0 {

@@ -20,9 +20,8 @@ const MaxPermits = 64
 // PermitKey is the store key of the i-th permit (1 <= i <= n) of key under prefix (a Locker's
 // Prefix()). Permit 1 is the key's own lock, Prefix() + key with each "#" doubled, so that a
 // lock and any semaphore of the key exclude each other, and a rolling change of the count never
-// admits more than the larger. The others are that, a single "#" and i, with a Redis Cluster
-// hash tag between when the key has none (one hash slot for a semaphore's permits;
-// lockstore.PermitKey): no key's lock or permit is another's permit.
+// admits more than the larger. The others add a single "#", a Redis Cluster hash tag when the
+// key has none (one hash slot per semaphore), and i: no key's lock or permit is another's permit.
 func PermitKey(prefix, key string, i int) string {
 	return lockstore.PermitKey(prefix+escapeKey(key), i)
 }
@@ -391,13 +390,12 @@ func (pt *permitTaker) lookAndWait() (_ *Lease, _ error, done bool) {
 
 // watchFresh watches the permits on a store that shares watches, and reports a fresh one.
 func (pt *permitTaker) watchFresh() bool {
-	l := pt.l
-	if pt.watches != nil || !l.k.shared {
+	if pt.watches != nil || !pt.l.k.shared {
 		return false
 	}
 	fresh := false
 	for _, k := range pt.keys {
-		w, err := l.k.store.Watch(pt.b.context(), k) // subscribing waits for the store
+		w, err := pt.l.k.store.Watch(pt.b.context(), k) // subscribing waits for the store
 		if err != nil {
 			break
 		}

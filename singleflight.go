@@ -180,8 +180,7 @@ func (g *gate) enterRead(b *budget, key string, wait bool, window time.Duration)
 }
 
 // queue puts the caller in e's line (g.mu held, and unlocked here) and waits for the slot, or
-// fails busy (busyFor): at once without wait, else when its budget ends. A reader let go to
-// the store read path gets a nil entry.
+// fails busy (busyFor) as enter says. A reader let go to the store read path gets a nil entry.
 func (g *gate) queue(b *budget, key string, e *gateEntry, wait, read bool) (*gateEntry, *hold, error) {
 	// A busy answer is built after g.mu is let go: it allocates and reads the caller's context.
 	if !wait {
