@@ -252,10 +252,8 @@ func (x *Lease) holds() bool {
 	return !x.released && !x.h.has(holdLost) && !x.h.degraded()
 }
 
-// Group is a set of leases taken together by LockAll.
-type Group struct {
-	leases []*Lease // in lock order
-}
+// Group is a set of leases taken together by LockAll, kept in lock order.
+type Group struct{ leases []*Lease }
 
 // Leases returns the leases in the order they were taken.
 func (g *Group) Leases() []*Lease { return g.leases }

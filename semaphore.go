@@ -121,9 +121,7 @@ type permitLook struct {
 
 // permitFlight is a local look at a semaphore's permits on its way (gate.looks), guarded by
 // gate.mu: takers that come meanwhile wait for its outcome; lead asks for those already there.
-type permitFlight struct {
-	waiters []*flightWaiter
-}
+type permitFlight struct{ waiters []*flightWaiter }
 
 // flightWaiter is a taker waiting for a look of another goroutine. Guarded by gate.mu.
 type flightWaiter struct {
