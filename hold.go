@@ -8,11 +8,10 @@ import (
 	"unsafe"
 )
 
-// hold is one store lock held by this process, across handoffs between local goroutines; the
-// watchdog renews it and ends its leases with ErrLost before the store may expire it. A grant
-// is the lease that acquired it or received it by handoff, with every lease that re-entered or
-// joined that one; only when the last is released (live reaches 0) does the lock go on, so no
-// lease of a grant outlives it. A hold is 128 bytes (live heap per held lock); rare parts: ext.
+// hold is one store lock held by this process (128 bytes; rare parts in ext), across handoffs
+// between local goroutines; the watchdog keeps it. A grant is the lease that acquired it or
+// received it by handoff, with every lease that re-entered or joined that one; the lock goes on
+// only when the last is released (live reaches 0), so no lease of a grant outlives it.
 type hold struct {
 	k   *keeper
 	key string // full store key

@@ -229,7 +229,7 @@ func (k *keeper) reportAbandoned(h *hold) {
 
 // sharedBound bounds store calls whose context cannot be cancelled by a span (one TTL, one
 // wait budget), so that no store call outlives the lock it is about, without a timer per call:
-// the calls of one window share a timer context (current), never cancelled early.
+// the calls of one window share a timer context (bound), never cancelled early.
 type sharedBound struct {
 	span time.Duration
 	cur  atomic.Pointer[sharedDeadline] // the window's context; replaced under mu
@@ -242,32 +242,28 @@ type sharedDeadline struct {
 	cancel   context.CancelFunc // never called: ctx's own timer releases it at the deadline
 }
 
-// current returns the shared context if it ends no later than limit and at most a sixteenth of
-// the span (or of the time left) before it, else a new one that ends at limit.
-func (b *sharedBound) current(now, limit time.Time) context.Context {
+// bound returns ctx, which cannot be cancelled, with the shared deadline if that ends no later
+// than limit and at most a sixteenth of the span (or of the time left) before it, else with a
+// new shared one that ends at limit.
+func (b *sharedBound) bound(ctx context.Context, now, limit time.Time) context.Context {
 	slack := min(b.span, limit.Sub(now)) / 16
-	if s := b.cur.Load(); s != nil && fits(s, limit, slack) {
-		return s.ctx
+	s := b.cur.Load()
+	if s == nil || !fits(s, limit, slack) {
+		b.mu.Lock()
+		if s = b.cur.Load(); s == nil || !fits(s, limit, slack) {
+			dctx, cancel := context.WithDeadline(context.Background(), limit)
+			s = &sharedDeadline{ctx: dctx, deadline: limit, cancel: cancel}
+			b.cur.Store(s)
+		}
+		b.mu.Unlock()
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if s := b.cur.Load(); s != nil && fits(s, limit, slack) {
-		return s.ctx
-	}
-	ctx, cancel := context.WithDeadline(context.Background(), limit)
-	b.cur.Store(&sharedDeadline{ctx: ctx, deadline: limit, cancel: cancel})
-	return ctx
+	return &boundCtx{Context: s.ctx, values: ctx}
 }
 
 // fits reports whether s ends at limit or at most slack before it.
 func fits(s *sharedDeadline, limit time.Time, slack time.Duration) bool {
 	early := limit.Sub(s.deadline)
 	return early >= 0 && early <= slack
-}
-
-// bound returns ctx, which cannot be cancelled, with a shared deadline at limit or shortly before.
-func (b *sharedBound) bound(ctx context.Context, now, limit time.Time) context.Context {
-	return &boundCtx{Context: b.current(now, limit), values: ctx}
 }
 
 // boundCtx is a shared deadline (Deadline, Done, Err) with a call's own values.
