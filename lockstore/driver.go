@@ -82,8 +82,8 @@ type ResponseStore interface {
 // ErrConfig is flightlock.ErrConfig: a configuration that cannot run.
 var ErrConfig = errors.New("flightlock: invalid configuration")
 
-// ConfigError is a bad setting, named by its YAML path first ("Lock.Etcd.Hosts[1]: is empty");
-// errors.Is matches ErrConfig as well as what Err wraps.
+// ConfigError is a bad setting. Its message starts with the setting's YAML path
+// ("Lock.Etcd.Hosts[1]: is empty"), and errors.Is matches both ErrConfig and what Err wraps.
 type ConfigError struct {
 	Field string // "Lock.Rules[1].OnBusy"
 	Err   error  // what is wrong with it

@@ -49,15 +49,17 @@ type Request struct {
 	Owner string
 	TTL   time.Duration // how long the lock lives without a refresh
 	Meta  string        // optional text kept with the lock for operators (who holds it)
-	// Asked, if set, is when the caller's Lock began, making it fair (in request order across
-	// processes): it takes a place in the key's line, the first may take the free key, a grant
-	// leaves. Places rank by Asked (Redis: clamped to its clock less a skew bound) or, trusting
-	// no clock, by the first fair Acquire's arrival (etcd, ZooKeeper; sent as Lock begins).
+	// Asked, if set, is when the caller's Lock began, and makes the request fair (served in
+	// request order across processes): it takes a place in the key's line, only the first in
+	// line may take the free key, and a grant leaves the line. Redis ranks places by Asked,
+	// clamped to its clock less a skew bound; etcd and ZooKeeper trust no clock and rank them by
+	// the arrival of the first fair Acquire, which the Locker sends as Lock begins.
 	Asked time.Time
-	// Permits, if any, asks instead of Key for the first of a semaphore's keys that Acquire of
-	// it alone would grant (Acquisition.Permit), all in one request where the store can (else
-	// AcquireEach), so a re-send re-enters; the Locker still gives back all keys of a request of
-	// unknown outcome, asking again as a new owner. Owner is no ReadOwner, and Asked is zero.
+	// Permits, if set, replaces Key with a semaphore's keys: Acquire grants the first of them
+	// that it would grant alone (Acquisition.Permit). Where the store can, it looks at them all
+	// in one request (else through AcquireEach), so that a re-sent request re-enters. After a
+	// request of unknown outcome the Locker still gives back every key and asks again as a new
+	// owner. A permit request's Owner is no ReadOwner, and its Asked is zero.
 	Permits []string
 	// Want, with Permits, is how many to take at once (0 is 1), for a process's waiting
 	// goroutines; a store may grant fewer, but one while one is free (More has the rest).
@@ -80,8 +82,9 @@ type Capabilities struct {
 	// TTL of 20s is longer than " + MaxTTLReason: what keeps it and what to do.
 	MaxTTL       time.Duration
 	MaxTTLReason string
-	// SharedWatch: a key's watchers share a subscription, costing about one (Redis). Only then
-	// do waiting semaphore takers watch every permit; elsewhere they look at retry delays.
+	// SharedWatch reports that the watchers of a key share one subscription, so a watch costs
+	// little (Redis). Only then do waiting semaphore takers watch every permit; on other stores
+	// they try again after their retry delays.
 	SharedWatch bool
 }
 

@@ -199,8 +199,9 @@ func (s *Store) acquire(ctx context.Context, key, owner, meta, place string) (lo
 	return lockstore.Acquisition{}, nil // busy: the key changed hands in every round
 }
 
-// held reads key node p an acquisition of hold name for owner found: owner's (Reentered),
-// another's (busy, marked), readers' (joined, with data), or holdless (deleted; again is true).
+// held answers an acquisition of hold name for owner that found key node p already there, by
+// whose the node is: owner's is re-entered (Reentered); another's is refused and marked; readers'
+// are joined by a reader, with data; a holdless node is deleted, and again is true.
 func (s *Store) held(ctx context.Context, p, owner, name string, data []byte) (a lockstore.Acquisition, again bool, err error) {
 	cur, stat, kids, err := s.node(ctx, p)
 	if errors.Is(err, zk.ErrNoNode) {
@@ -232,8 +233,9 @@ func (s *Store) held(ctx context.Context, p, owner, name string, data []byte) (a
 	return s.refuse(ctx, p, cur, stat, kids), false, nil
 }
 
-// refuse is the busy reply (the holder's metadata) for key node p (data, stat, kids) of another's
-// grant, marked contended (a writer waits) by a multi checking a hold read, sparing later nodes.
+// refuse returns the busy reply, with the holder's metadata, for key node p (read as data, stat
+// and kids) of another's grant. It marks the node contended (a writer waits) in a multi that
+// checks that a hold it read is still there, so a node the key got since is never marked.
 func (s *Store) refuse(ctx context.Context, p string, data []byte, stat *zk.Stat, kids []string) lockstore.Acquisition {
 	if _, _, marked := parseValue(data); !marked && len(kids) > 0 {
 		_, _ = s.multi(ctx, nil,
