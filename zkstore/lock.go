@@ -31,14 +31,13 @@ func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.A
 	if len(req.Permits) > 0 {
 		return s.acquirePermits(ctx, req)
 	}
-	key, owner, meta := req.Key, req.Owner, req.Meta
-	if err := s.check(key, owner, req.TTL); err != nil {
+	if err := s.check(req.Key, req.Owner, req.TTL); err != nil {
 		return lockstore.Acquisition{}, err
 	}
 	if !req.Asked.IsZero() {
 		return s.acquireFair(ctx, req)
 	}
-	return s.acquire(ctx, key, owner, meta, "")
+	return s.acquire(ctx, req.Key, req.Owner, req.Meta, "")
 }
 
 // acquirePermits reads every permit's key node in one round trip, then takes (takePermits)
@@ -57,7 +56,6 @@ func (s *Store) acquirePermits(ctx context.Context, req lockstore.Request) (lock
 		stat *zk.Stat
 		kids []string
 		err  error
-		busy lockstore.Acquisition // set by refuse
 	}
 	looks := make([]look, len(req.Permits))
 	var wg sync.WaitGroup
@@ -89,13 +87,11 @@ func (s *Store) acquirePermits(ctx context.Context, req lockstore.Request) (lock
 		return busy, err
 	}
 	for _, i := range taken {
-		n := &looks[i]
-		wg.Go(func() { n.busy = s.refuse(ctx, s.keyPath(req.Permits[i]), n.data, n.stat, n.kids) })
+		n := looks[i]
+		wg.Go(func() { s.refuse(ctx, s.keyPath(req.Permits[i]), n.data, n.stat, n.kids) })
+		busy.Holder = cmp.Or(busy.Holder, holderMeta(n.data)) // refuse's reply
 	}
 	wg.Wait()
-	for _, i := range taken {
-		busy.Holder = cmp.Or(busy.Holder, looks[i].busy.Holder)
-	}
 	return busy, nil // HolderTTL 0, as for one key: a hold lives as long as its session
 }
 
