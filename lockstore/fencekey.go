@@ -1,7 +1,6 @@
 package lockstore
 
 import (
-	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -65,28 +64,24 @@ var crc16Table = func() (t [256]uint16) {
 
 var (
 	slotTagsOnce sync.Once
-	// slotTags[s] is the smallest number whose decimal string hashes to slot s; read-only once
-	// filled. An array: it lives in the binary's data, not in the heap.
+	// slotTags[s] is 1 + the smallest number whose decimal string hashes to slot s (0: not yet
+	// found), read-only once filled. An array: it lives in the binary's data, not in the heap.
 	slotTags [16384]uint32
 )
 
 // slotTag returns a number whose decimal string has its CRC16 in slot s.
 func slotTag(s uint16) uint32 {
 	slotTagsOnce.Do(func() {
-		const unset = math.MaxUint32
-		for i := range slotTags {
-			slotTags[i] = unset
-		}
 		var buf [10]byte
 		for i, left := uint32(0), len(slotTags); left > 0; i++ {
 			slot := crc16(string(strconv.AppendUint(buf[:0], uint64(i), 10))) % 16384
-			if slotTags[slot] == unset {
-				slotTags[slot] = i
+			if slotTags[slot] == 0 {
+				slotTags[slot] = i + 1
 				left--
 			}
 		}
 	})
-	return slotTags[s]
+	return slotTags[s] - 1
 }
 
 // SideKey names a key of a kind a store keeps beside lock key k (read holds, a fair line): under
@@ -101,10 +96,8 @@ func SideKey(kind, k string) string {
 	return FenceKeyPrefix + kind + "#" + ownSlotTag(k) + k
 }
 
-// ownSlotTag is a hash tag, "{<number>}", of k's Redis Cluster hash slot.
-func ownSlotTag(k string) string {
-	return "{" + strconv.FormatUint(uint64(slotTag(KeySlot(k))), 10) + "}"
-}
+// ownSlotTag is a hash tag, "{<number>}", of k's Redis Cluster hash slot: FenceKey's.
+func ownSlotTag(k string) string { return FenceKey(k)[len(FenceKeyPrefix):] }
 
 // PermitKey names permit i (1 <= i <= n) of a semaphore whose first permit is lock key k: k,
 // else k, "#" and what keeps it in k's Redis Cluster slot (for one script call): "k#i" for a

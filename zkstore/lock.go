@@ -31,14 +31,13 @@ func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.A
 	if len(req.Permits) > 0 {
 		return s.acquirePermits(ctx, req)
 	}
-	key, owner, meta := req.Key, req.Owner, req.Meta
-	if err := s.check(key, owner, req.TTL); err != nil {
+	if err := s.check(req.Key, req.Owner, req.TTL); err != nil {
 		return lockstore.Acquisition{}, err
 	}
 	if !req.Asked.IsZero() {
 		return s.acquireFair(ctx, req)
 	}
-	return s.acquire(ctx, key, owner, meta, "")
+	return s.acquire(ctx, req.Key, req.Owner, req.Meta, "")
 }
 
 // acquirePermits reads every permit's key node in one round trip, then takes (takePermits)
@@ -57,7 +56,6 @@ func (s *Store) acquirePermits(ctx context.Context, req lockstore.Request) (lock
 		stat *zk.Stat
 		kids []string
 		err  error
-		busy lockstore.Acquisition // set by refuse
 	}
 	looks := make([]look, len(req.Permits))
 	var wg sync.WaitGroup
@@ -89,13 +87,11 @@ func (s *Store) acquirePermits(ctx context.Context, req lockstore.Request) (lock
 		return busy, err
 	}
 	for _, i := range taken {
-		n := &looks[i]
-		wg.Go(func() { n.busy = s.refuse(ctx, s.keyPath(req.Permits[i]), n.data, n.stat, n.kids) })
+		n := looks[i]
+		wg.Go(func() { s.refuse(ctx, s.keyPath(req.Permits[i]), n.data, n.stat, n.kids) })
+		busy.Holder = cmp.Or(busy.Holder, holderMeta(n.data)) // refuse's reply
 	}
 	wg.Wait()
-	for _, i := range taken {
-		busy.Holder = cmp.Or(busy.Holder, looks[i].busy.Holder)
-	}
 	return busy, nil // HolderTTL 0, as for one key: a hold lives as long as its session
 }
 
@@ -199,8 +195,9 @@ func (s *Store) acquire(ctx context.Context, key, owner, meta, place string) (lo
 	return lockstore.Acquisition{}, nil // busy: the key changed hands in every round
 }
 
-// held reads key node p an acquisition of hold name for owner found: owner's (Reentered),
-// another's (busy, marked), readers' (joined, with data), or holdless (deleted; again is true).
+// held answers an acquisition of hold name for owner that found key node p already there, by
+// whose the node is: owner's is re-entered (Reentered); another's is refused and marked; readers'
+// are joined by a reader, with data; a holdless node is deleted, and again is true.
 func (s *Store) held(ctx context.Context, p, owner, name string, data []byte) (a lockstore.Acquisition, again bool, err error) {
 	cur, stat, kids, err := s.node(ctx, p)
 	if errors.Is(err, zk.ErrNoNode) {
@@ -232,8 +229,9 @@ func (s *Store) held(ctx context.Context, p, owner, name string, data []byte) (a
 	return s.refuse(ctx, p, cur, stat, kids), false, nil
 }
 
-// refuse is the busy reply (the holder's metadata) for key node p (data, stat, kids) of another's
-// grant, marked contended (a writer waits) by a multi checking a hold read, sparing later nodes.
+// refuse returns the busy reply, with the holder's metadata, for key node p (read as data, stat
+// and kids) of another's grant. It marks the node contended (a writer waits) in a multi that
+// checks that a hold it read is still there, so a node the key got since is never marked.
 func (s *Store) refuse(ctx context.Context, p string, data []byte, stat *zk.Stat, kids []string) lockstore.Acquisition {
 	if _, _, marked := parseValue(data); !marked && len(kids) > 0 {
 		_, _ = s.multi(ctx, nil,

@@ -38,9 +38,10 @@ func (s *Store) joinReaders(ctx context.Context, p, owner, name string, data []b
 	return lockstore.Acquisition{}, false, fmt.Errorf("join the readers of %s: %w", p, s.mayHaveMade(p, owner, name, err))
 }
 
-// acquireFair is Acquire of a fair request (arguments checked). A key's line (linePath) holds
-// places, ephemeral sequential nodes ordered by arrival (not Asked), living with their session
-// (not Queue); the first in line takes a free key in a multi deleting its place.
+// acquireFair is Acquire of a fair request, whose arguments Acquire checked. A key's line
+// (linePath) holds places: ephemeral sequential nodes, ranked by arrival rather than by Asked,
+// that live as long as their session rather than Queue. The first in line takes a free key in
+// a multi that also deletes its place.
 func (s *Store) acquireFair(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	key, owner, meta, queue := req.Key, req.Owner, req.Meta, req.Queue
 	if lockstore.IsReadOwner(owner) {

@@ -73,8 +73,7 @@ func newBatcher(client Client, lanes int) *batcher {
 	return &batcher{client: p, scripter: client, lanes: lanes}
 }
 
-// run runs script through a free lane or in the next batch. late, if not nil, gets (in a
-// goroutine, bounding its work) the reply or error of a batched call whose caller left.
+// run runs script on a free lane or in the next batch; late, if not nil, is its late hook.
 func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, late func(*redis.Cmd), args ...any) *redis.Cmd {
 	b.mu.Lock()
 	if b.busy < b.lanes {
@@ -174,8 +173,8 @@ func pipeline(ctx context.Context, client pipeliner, calls []*queuedCall) {
 	}
 }
 
-// batchContext bounds a batch by its callers' latest deadline (none if one has none): each
-// leaves on its own context, and a later reply serves its late hook. Values: the first's.
+// batchContext is a batch's context (see batcher): its callers' latest deadline (none if one
+// has none), with the first's values.
 func batchContext(live []*queuedCall) (context.Context, context.CancelFunc) {
 	ctx := context.WithoutCancel(live[0].ctx)
 	var latest time.Time

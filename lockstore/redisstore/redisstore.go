@@ -1,3 +1,9 @@
+// Package redisstore keeps flightlock's locks in Redis: RedisStore implements lockstore.Store
+// and Passer on go-redis v9 (single node, Sentinel failover or Cluster), with one Lua script
+// per operation, release notifications over pub/sub, calls batched into pipelines per lane,
+// and optional replica acknowledgement (WAIT). RedisInspector reads the values those scripts
+// write, for tools. The package imports go-redis and the standard library only; see also
+// lockstore/embedded (in-process miniredis) and middleware.NewStore (go-zero's RedisConf).
 package redisstore
 
 import (
@@ -478,4 +484,185 @@ func metaArg(meta string) string {
 // ttlMillis rounds ttl up to milliseconds: never 0 (which Redis rejects), never shorter.
 func ttlMillis(ttl time.Duration) int64 {
 	return int64((ttl + time.Millisecond - 1) / time.Millisecond)
+}
+
+// readersKey names the sorted set of key's read holds (readacquire.lua).
+func readersKey(key string) string { return lockstore.SideKey("readers", key) }
+
+// lineKey and lineDueKey name key's fair line and its places' deadlines (fairacquire.lua).
+func lineKey(key string) string    { return lockstore.SideKey("line", key) }
+func lineDueKey(key string) string { return lockstore.SideKey("linedue", key) }
+
+// writerReserve is how long the last reader keeps a key for its waiting writer (readrelease.lua),
+// to beat the readers it held back; at most this, a departed writer holds new readers back.
+const writerReserve = time.Second
+
+var writerReserveMillis = strconv.FormatInt(writerReserve.Milliseconds(), 10)
+
+// refreshCall is the script and keys of a refresh of owner's hold of key.
+func refreshCall(key, owner string) (*redis.Script, []string) {
+	if lockstore.IsReadOwner(owner) {
+		return readRefreshScript, []string{key, readersKey(key)}
+	}
+	return refreshScript, []string{key}
+}
+
+// acquireFair is Acquire of a fair request, with fairacquire.lua. Acquire checked the arguments.
+func (s *RedisStore) acquireFair(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	key, owner, ttl := req.Key, req.Owner, req.TTL
+	if lockstore.IsReadOwner(owner) {
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: fair acquire %q: read holds share and keep no line", key)
+	}
+	keys := []string{key, lineKey(key), lineDueKey(key), lockstore.FenceKey(key)}
+	args := []any{owner, ttlMillis(ttl), metaArg(req.Meta), strconv.FormatInt(req.Asked.UnixMicro(), 10), strconv.FormatInt(ttlMillis(max(req.Queue, 0)), 10)}
+	taken := s.releaseOnReply(key, owner, "", acquireTaken)
+	late := func(cmd *redis.Cmd) {
+		// The caller left: a grant is given back, and a place left, so nobody waits behind it.
+		taken(cmd)
+		if code, _, _, err := reply(cmd); err == nil && code == acquireBusy {
+			ctx, cancel := context.WithTimeout(context.Background(), orphanReleaseTimeout)
+			defer cancel()
+			_ = s.LeaveQueue(ctx, key, owner)
+		}
+	}
+	return s.acquire(ctx, "fair acquire", fairAcquireScript, keys, args, keys[:1], owner, "", late)
+}
+
+// LeaveQueue implements lockstore.Store with leavequeue.lua.
+func (s *RedisStore) LeaveQueue(ctx context.Context, key, owner string) error {
+	if err := lockstore.CheckArgs(key, owner, time.Millisecond); err != nil {
+		return err
+	}
+	keys := []string{key, lineKey(key), lineDueKey(key)}
+	if err := s.run(ctx, leaveQueueScript, keys, nil, owner, s.channelPrefix).Err(); err != nil {
+		return s.failed("leave the line of", key, err)
+	}
+	return nil
+}
+
+// acquirePermits is one acquire.lua call over Permits, or on a Cluster one per run in a slot
+// (lockstore.PermitKey keeps them in one, unless the key has a "{" opening no hash tag).
+func (s *RedisStore) acquirePermits(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	if err := lockstore.CheckPermits(req); err != nil {
+		return lockstore.Acquisition{}, err
+	}
+	_, cluster := s.client.(*redis.ClusterClient)
+	var busy lockstore.Acquisition
+	for from := 0; from < len(req.Permits); {
+		to := from + 1
+		for to < len(req.Permits) && (!cluster || lockstore.KeySlot(req.Permits[to]) == lockstore.KeySlot(req.Permits[from])) {
+			to++
+		}
+		res, err := s.acquireRun(ctx, req, req.Permits[from:to])
+		res.Permit += from
+		for i := range res.More {
+			res.More[i].Permit += from
+		}
+		if err != nil || res.Acquired {
+			res.Holder = cmp.Or(res.Holder, busy.Holder)
+			return res, err
+		}
+		if from == 0 || res.HolderTTL < busy.HolderTTL {
+			busy.HolderTTL, busy.Holder = res.HolderTTL, res.Holder
+		}
+		from = to
+	}
+	return busy, nil
+}
+
+// acquireRun is one acquire.lua call over permits, which share a hash slot.
+func (s *RedisStore) acquireRun(ctx context.Context, req lockstore.Request, permits []string) (lockstore.Acquisition, error) {
+	keys := make([]string, 0, 2*len(permits))
+	for _, k := range permits {
+		keys = append(keys, k, lockstore.FenceKey(k))
+	}
+	args := []any{req.Owner, ttlMillis(req.TTL), metaArg(req.Meta), max(req.Want, 1)}
+	late := func(cmd *redis.Cmd) {
+		// An orphan: whichever permits the call took go back.
+		if code, first, more, _, err := permitReply(cmd, permits); err == nil && code != acquireBusy {
+			s.giveUpWithin(context.Background(), permits, append([]lockstore.PermitGrant{first}, more...), req.Owner, "")
+		}
+	}
+	return s.acquire(ctx, "acquire", acquireScript, keys, args, permits, req.Owner, "", late)
+}
+
+// permitReply reads acquire.lua's reply over permits: reply's for one, else {1 or 2, a value,
+// then a fence and a place from 1 per permit taken or re-entered} or {0, pttl, value}. first
+// is the first permit taken (a busy reply's pttl in its Fence), more the others; a grant's
+// value is that of a busy permit it passed over.
+func permitReply(cmd *redis.Cmd, permits []string) (code int64, first lockstore.PermitGrant, more []lockstore.PermitGrant, value string, err error) {
+	if len(permits) == 1 {
+		code, first.Fence, value, err = reply(cmd)
+		return code, first, nil, value, err
+	}
+	r, err := cmd.Slice()
+	if err != nil {
+		return 0, first, nil, "", err
+	}
+	code, ok := r[0].(int64)
+	if code == acquireBusy && ok && len(r) == 3 {
+		first.Fence, _ = r[1].(int64)
+		value, _ = r[2].(string)
+		return code, first, nil, value, nil
+	}
+	if !ok || len(r) < 4 || len(r)%2 != 0 {
+		return 0, first, nil, "", fmt.Errorf("unexpected reply %v", r)
+	}
+	value, _ = r[1].(string)
+	var grants []lockstore.PermitGrant
+	for j := 2; j < len(r); j += 2 {
+		fence, ok1 := r[j].(int64)
+		place, ok2 := r[j+1].(int64)
+		if !ok1 || !ok2 || place < 1 || int(place) > len(permits) {
+			return 0, first, nil, "", fmt.Errorf("unexpected permit reply %v of %d permits", r, len(permits))
+		}
+		grants = append(grants, lockstore.PermitGrant{Permit: int(place) - 1, Fence: fence})
+	}
+	return code, grants[0], grants[1:], value, nil
+}
+
+// orphanReleaseTimeout bounds the release of an orphan's lock, else left to its TTL.
+const orphanReleaseTimeout = time.Second
+
+// releaseOnReply is the late hook (batcher.run) of a call taking hold ("": the own) of key for
+// owner: a reply with code, counting a hold for this very call (acquireTaken for an acquire),
+// names a hold nobody knows of, given up, not left to its TTL. Busy took nothing, an error tells
+// nothing, and re-entered means a hold counted on (or go-redis re-sent this call, which the
+// store cannot tell; the Locker gives back an acquisition it gave up on).
+func (s *RedisStore) releaseOnReply(key, owner, hold string, code int64) func(*redis.Cmd) {
+	return func(cmd *redis.Cmd) {
+		if got, _, _, err := reply(cmd); err != nil || got != code {
+			return
+		}
+		_ = s.giveUp(key, owner, hold)
+	}
+}
+
+// giveUp releases a hold nobody will use (an orphan's, one not replicated) on the client, not
+// a lane, bounded (else left to its TTL), with lastFence 0: it handed out no further fence.
+func (s *RedisStore) giveUp(key, owner, hold string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), orphanReleaseTimeout)
+	defer cancel()
+	script, keys, args := s.releaseCall(key, owner, hold, 0, "")
+	return script.Run(ctx, s.client, keys, args...).Err()
+}
+
+// giveUpWithin gives up owner's grants of permits (hold) at once, reporting whether all were by
+// ctx's end; the rest goes on in the background, or is left to its TTL.
+func (s *RedisStore) giveUpWithin(ctx context.Context, permits []string, grants []lockstore.PermitGrant, owner, hold string) bool {
+	errs := make(chan error, len(grants))
+	for _, g := range grants {
+		go func() { errs <- s.giveUp(permits[g.Permit], owner, hold) }()
+	}
+	for range grants {
+		select {
+		case err := <-errs:
+			if err != nil && !errors.Is(err, redis.Nil) {
+				return false
+			}
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
 }

@@ -215,11 +215,15 @@ func (r Conf) dial() (redis.UniversalClient, error) {
 		MasterName:               sn.MasterName,
 		SentinelUsername:         sn.User,
 		SentinelPassword:         sn.Pass,
-		TLSConfig:                goZeroTLS(r.Tls),
 		Protocol:                 r.Protocol,
 		MaintNotificationsConfig: maint,
 		DisableIdentity:          true,
 		ContextTimeoutEnabled:    true,
+	}
+	if r.Tls {
+		// go-zero's meaning of Tls, certificates not verified, so that YAML that works for the
+		// service's other Redis clients works here.
+		opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: true} //nolint:gosec // go-zero's Tls
 	}
 	where := "addr: " + r.Host
 	switch {
@@ -233,15 +237,6 @@ func (r Conf) dial() (redis.UniversalClient, error) {
 		return nil, errors.New(`flightlock: Redis.Type must be "node" or "cluster", got "` + r.Type + `"`)
 	}
 	return connect(redis.NewUniversalClient(opts), r.NonBlock, r.PingTimeout, where)
-}
-
-// goZeroTLS is go-zero's meaning of Tls, certificates not verified, so that YAML that works for
-// the service's other Redis clients works here.
-func goZeroTLS(on bool) *tls.Config {
-	if !on {
-		return nil
-	}
-	return &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: true} //nolint:gosec // go-zero's Tls
 }
 
 // connect returns client once Redis answered a ping within timeout (0: 1s, as go-zero's
