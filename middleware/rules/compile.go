@@ -61,10 +61,7 @@ func (c LockConf) compileRules(extra []Spec) ([]*Compiled, error) {
 	seenRPC := make(map[string]string)
 	seenName := make(map[string][]Spec) // Rule.Name => the rules of that name so far
 	for _, s := range specs {
-		if err := checkRule(s, c.OnStoreError); err != nil {
-			return nil, err
-		}
-		if err := c.CheckRuleStore(s); err != nil {
+		if err := cmp.Or(checkRule(s, c.OnStoreError), c.CheckRuleStore(s)); err != nil {
 			return nil, err
 		}
 		if s.Name != "" {

@@ -153,10 +153,9 @@ func (t *turn) is(s int) (in, led bool) {
 }
 
 // share runs a share rule for one request locked on keys, its stored response kept under
-// replayKeys: replay a stored response, or join (or lead) the flight of its key in this process
-// (run is the handler's run: see lead). A request waits for its run within its own wait budget,
-// then answers 409 / Aborted. Each waits on its own context, so one that leaves fails no other:
-// a run whose leader left before it ran ends with errLeaderLeft, and another starts.
+// replayKeys: it replays a stored response, or joins (or leads: see lead, which runs run) the
+// flight of its key in this process, waiting within its own wait budget, then answering 409 /
+// Aborted. Each waits on its own context, so one that leaves fails no other (errLeaderLeft).
 func (rl *rule) share(ctx context.Context, keys, replayKeys []string, print string, run runFunc) (*record, error) {
 	rkey := rules.ReplayPrefix + strings.Join(replayKeys, "+") // under the prefix of the rule's lock keys
 	if rec, err := rl.load(ctx, rkey); err != nil {
