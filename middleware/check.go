@@ -74,6 +74,14 @@ func (m *Middleware) MustCheckRoutes(routes []rest.Route) {
 	mustStart(m.CheckRoutes(routes))
 }
 
+// ruleLabel names a rule in CheckRoutes' errors: "Lock.Rules[0] (StockLock)".
+func ruleLabel(s rules.Spec) string {
+	if s.Name == "" {
+		return s.Field
+	}
+	return fmt.Sprintf("%s (%s)", s.Field, s.Name)
+}
+
 // checkNamed reports a named rule whose Named middleware was never built, or is on no route.
 func checkNamed(cr *compiledRule) error {
 	switch s := cr.spec; {

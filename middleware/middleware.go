@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -143,6 +145,97 @@ func mustStart(err error) {
 	exit(1)
 }
 
+// The configuration and the key functions live in package rules, which the flightlock CLI's
+// check shares, and each store's section in its config package; they are named here as a
+// go-zero service writes them (Lock middleware.LockConf) and documented where they live.
+type (
+	LockConf      = rules.LockConf
+	Rule          = rules.Rule
+	RedisConf     = rules.RedisConf
+	SentinelConf  = rules.SentinelConf
+	EtcdConf      = rules.EtcdConf
+	ZookeeperConf = rules.ZookeeperConf
+	RetryConf     = rules.RetryConf
+	ConfigError   = rules.ConfigError
+	KeyFunc       = rules.KeyFunc
+	RPCKeyFunc    = rules.RPCKeyFunc
+)
+
+// Option configures a Middleware.
+type Option func(*options)
+
+type options struct {
+	locker        *flightlock.Locker
+	store         lockstore.Store
+	rules         []rules.Spec // rules built in Go
+	mode          string       // WithServiceMode's; "" when not given
+	serverTimeout int64        // WithServerTimeout's; 0 when not given
+	// nilGiven names the first of WithLocker and WithStore given nil, which New refuses: taken
+	// as not given, it would build a store of its own in their place.
+	nilGiven string
+}
+
+// WithServiceMode tells New the go-zero service mode (c.Mode of its RestConf or
+// RpcServerConf). In pre and pro, a LockConf naming no store is refused rather than run on the
+// embedded store, whose locks no other process sees (WithStore does so on purpose); otherwise
+// the embedded store is used and logged at error level.
+func WithServiceMode(mode string) Option {
+	return func(o *options) { o.mode = mode }
+}
+
+// WithServerTimeout tells New the server timeout in milliseconds (c.Timeout of its RestConf or
+// RpcServerConf; 0 means none), so that New logs each waiting rule whose Wait is not below it:
+// its caller would get the busy answer with no time left to retry.
+func WithServerTimeout(ms int64) Option {
+	return func(o *options) { o.serverTimeout = ms }
+}
+
+// WithStore builds the Middleware's Locker from the LockConf on store, so that services of one
+// process share one store (each Middleware keeps its own gate). If the LockConf names etcd or
+// ZooKeeper, store replaces the store of its kind only; else every rule locks in store, and one
+// whose Store names another is refused. A nil store is refused. Close leaves store open.
+func WithStore(store lockstore.Store) Option {
+	return func(o *options) {
+		o.store = store
+		if store == nil {
+			o.nilGiven = cmp.Or(o.nilGiven, "WithStore")
+		}
+	}
+}
+
+// WithLocker makes the Middleware lock with l, not a Locker and store of its own: the
+// LockConf's Redis, Prefix, TTL, MaxHold, Wait and Retry are ignored, each rule's OnBusy, TTL
+// and Wait still apply (through l.With). Every rule locks in l's store: one whose Store names
+// another is refused, and so are WithStore beside it, a nil l, and an l whose locks are not
+// plain (WithRead, WithFair, WithPermits): each rule says its own kind. The rules' locks
+// report to the middleware's metrics and logs, not to l's Observer. Close leaves l's store open.
+func WithLocker(l *flightlock.Locker) Option {
+	return func(o *options) {
+		o.locker = l
+		if l == nil {
+			o.nilGiven = cmp.Or(o.nilGiven, "WithLocker")
+		}
+	}
+}
+
+// WithHTTPRule adds a REST rule built in Go: r as a Lock.Rules entry, but key computes the key,
+// so r.Key, r.Name (a Named middleware's) and r.RPC (which key cannot read) must be empty.
+func WithHTTPRule(r Rule, key KeyFunc) Option {
+	r = r.Normalized()
+	return func(o *options) {
+		o.rules = append(o.rules, rules.Spec{Rule: r, Field: fmt.Sprintf("WithHTTPRule(%s)", strings.TrimSpace(r.Method+" "+r.Path)), HTTPKey: key})
+	}
+}
+
+// WithRPCRule adds a zrpc rule built in Go: r as a Lock.Rules entry, but key computes the key,
+// so r.Key (and r.Method, r.Path and r.Name, which key cannot read) must be empty.
+func WithRPCRule(r Rule, key RPCKeyFunc) Option {
+	r = r.Normalized()
+	return func(o *options) {
+		o.rules = append(o.rules, rules.Spec{Rule: r, Field: fmt.Sprintf("WithRPCRule(%s)", r.RPC), RPCKey: key})
+	}
+}
+
 // Locker returns the Locker of the Lock section's store (LockConf.DefaultStore), for handlers
 // that lock more keys themselves; its locks share the rules' gate.
 func (m *Middleware) Locker() *flightlock.Locker { return m.locker }
@@ -259,4 +352,68 @@ func (m *Middleware) baseFor(s rules.Spec) (string, *flightlock.Locker, error) {
 		return store, l, nil
 	}
 	return "", nil, rules.FieldError(s.Field+".Store", "is %s, but the Lock section names no %s store", store, store)
+}
+
+// drainStragglers is how long handlers get to return once the grace period ended and their
+// contexts were cancelled: with the default Drain, within go-zero's default Shutdown.WaitTime.
+const drainStragglers = time.Second
+
+// drainer runs a Middleware's drain once, from go-zero's shutdown listeners or Shutdown.
+type drainer struct {
+	grace time.Duration
+	once  sync.Once
+	done  chan struct{} // closed when the drain ended; err is set before
+	err   error
+	// leftHolds: the drain ended with locks still held, so a store whose Close would end those
+	// holds stays open (set before Shutdown closes the stores; read by their closers).
+	leftHolds atomic.Bool
+}
+
+// Shutdown drains the Middleware once, for LockConf.Drain or until ctx ends, then closes the stores
+// it built. Handlers still running then have their contexts cancelled and a second more to return,
+// so it may return a second after ctx ends; another call meanwhile waits while its ctx lets it.
+// Locks still held then are not released, as their handlers may run: they run out with their TTL
+// (on ZooKeeper, the session) once the process exits. go-zero's shutdown listeners call it (New
+// registers one); call it where the service stops otherwise.
+func (m *Middleware) Shutdown(ctx context.Context) error {
+	first := false
+	m.drain.once.Do(func() { first = true })
+	if !first {
+		select {
+		case <-m.drain.done:
+			return m.drain.err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	err := m.drainAll(ctx, m.drain.grace)
+	if err != nil {
+		logx.Errorw("flightlock: shutdown: handlers still hold locks after the grace period; their contexts were cancelled",
+			logx.Field("grace", m.drain.grace), logx.Field("error", err.Error()))
+		if err = m.drainAll(context.WithoutCancel(ctx), drainStragglers); err != nil {
+			logx.Errorw("flightlock: shutdown: locks left to their TTL: their handlers did not return",
+				logx.Field("error", err.Error()))
+		}
+	}
+	m.drain.leftHolds.Store(err != nil)
+	if cerr := m.Close(); cerr != nil && err == nil {
+		err = cerr
+	}
+	m.drain.err = err
+	close(m.drain.done)
+	return err
+}
+
+// drainAll drains every base Locker of m at once, within timeout and ctx.
+func (m *Middleware) drainAll(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	lockers := slices.Collect(maps.Values(m.bases))
+	errs := make([]error, len(lockers))
+	var wg sync.WaitGroup
+	for i, l := range lockers {
+		wg.Go(func() { errs[i] = l.Drain(ctx) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }

@@ -3,11 +3,16 @@ package middleware
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net/http"
+	"path"
+	"slices"
 	"strings"
 
 	"github.com/flightlock/flightlock/middleware/rules"
+	"github.com/zeromicro/go-zero/core/search"
 	"github.com/zeromicro/go-zero/rest"
+	"github.com/zeromicro/go-zero/rest/pathvar"
 )
 
 // Handle is a rest.Middleware for server.Use: it locks the requests of every route that a
@@ -80,6 +85,46 @@ func (m *Middleware) route(name string, s rules.Spec) (rest.Middleware, error) {
 	return m.groupMiddleware([]*compiledRule{cr}), nil
 }
 
+// Named returns the rest.Middleware of the LockConf rules named name, for the route group of a
+// goctl @server(middleware: name) block, keeping the key in the YAML. It locks the requests of
+// the group as Route does, by the first rule of that name in config order that matches. A name
+// no rule has is an error; CheckRoutes reports a named rule whose middleware is on no route.
+func (m *Middleware) Named(name string) (rest.Middleware, error) {
+	crs := slices.DeleteFunc(slices.Clone(m.rules), func(cr *compiledRule) bool { return cr.spec.Name != name })
+	if len(crs) == 0 {
+		return nil, m.unknownName(name)
+	}
+	return m.groupMiddleware(crs), nil
+}
+
+// MustNamed is Named for goctl's NewServiceContext: an unknown name stops the service.
+func (m *Middleware) MustNamed(name string) rest.Middleware {
+	mw, err := m.Named(name)
+	mustStart(err)
+	return mw
+}
+
+// unknownName is Named's error for a name no rule has, with the one probably meant (goctl
+// middleware names are Go identifiers, matched exactly).
+func (m *Middleware) unknownName(name string) error {
+	if name == "" {
+		return rules.FieldError("Named", "the name is empty")
+	}
+	var names []string
+	for _, cr := range m.rules {
+		if n := cr.spec.Name; n != "" {
+			if strings.EqualFold(n, name) {
+				return rules.FieldError("Lock.Rules", "has no rule named %s (did you mean %s?)", name, n)
+			}
+			names = append(names, n)
+		}
+	}
+	if len(names) == 0 {
+		return rules.FieldError("Lock.Rules", "has no rule named %s: no rule has a Name", name)
+	}
+	return rules.FieldError("Lock.Rules", "has no rule named %s; the named rules are %s", name, strings.Join(names, ", "))
+}
+
 // groupMiddleware is the rest.Middleware of Route, RouteFunc and Named: it locks the requests
 // of each rule's Method and Path (when set), and counts in each rule the handlers it wraps.
 func (m *Middleware) groupMiddleware(crs []*compiledRule) rest.Middleware {
@@ -129,4 +174,82 @@ func (m *Middleware) serveHTTP(rl *rule, w http.ResponseWriter, r *http.Request,
 		r = r.WithContext(h.Ctx)
 	}
 	next(w, r)
+}
+
+// routerMethods are the methods go-zero's router accepts: a rule without Method is in each tree.
+var routerMethods = [...]string{
+	http.MethodDelete, http.MethodGet, http.MethodHead, http.MethodOptions,
+	http.MethodPatch, http.MethodPost, http.MethodPut,
+}
+
+// httpRoutes finds the rule that names the route go-zero's router dispatched a request to. A
+// server.Use middleware sees the method, the path and the route's variables (pathvar.Vars),
+// not the route. So the rule patterns sit in core/search.Trees, as the router's do, one per
+// method and set of variable names: search.Tree's precedence picks the pattern the router
+// picks, and the pattern found must yield the very values the router set. A rule /sku/:id thus
+// never locks a request routed to /sku/list or /sku/:sku; what stays ambiguous (/p/:x and
+// /:x/p on /p/p) is resolved as the router resolves it.
+type httpRoutes struct {
+	byMethod map[string][]routeTree // built by New, read-only after
+}
+
+// routeTree holds the rule patterns of one method that declare the same variable names.
+type routeTree struct {
+	params []string     // the variable names of every pattern in tree
+	tree   *search.Tree // cleaned pattern => *rule
+}
+
+// add puts a rule with a Path in the tree of its method, or of every method the router
+// accepts; compileRules refused two rules on one pattern and method, so it cannot fail.
+func (h *httpRoutes) add(r *rule) {
+	if h.byMethod == nil {
+		h.byMethod = make(map[string][]routeTree)
+	}
+	methods := []string{r.Method}
+	if r.Method == "" {
+		methods = routerMethods[:]
+	}
+	for _, method := range methods {
+		if err := h.treeFor(method, r.Route.Params).Add(r.Route.Text, r); err != nil {
+			panic(fmt.Sprintf("flightlock: rule %s: %v", r.Name, err))
+		}
+	}
+}
+
+func (h *httpRoutes) treeFor(method string, params []string) *search.Tree {
+	for _, t := range h.byMethod[method] {
+		if len(t.params) == len(params) && !slices.ContainsFunc(params, func(p string) bool { return !slices.Contains(t.params, p) }) {
+			return t.tree
+		}
+	}
+	t := routeTree{params: params, tree: search.NewTree()}
+	h.byMethod[method] = append(h.byMethod[method], t)
+	return t.tree
+}
+
+func (h *httpRoutes) match(r *http.Request) *rule {
+	trees := h.byMethod[r.Method]
+	if len(trees) == 0 {
+		return nil
+	}
+	vars := pathvar.Vars(r)
+	for _, t := range trees {
+		if !t.declares(vars) {
+			continue
+		}
+		found, ok := t.tree.Search(path.Clean(r.URL.Path)) // as the router searches
+		if !ok || !maps.Equal(found.Params, vars) {
+			return nil
+		}
+		return found.Item.(*rule)
+	}
+	return nil
+}
+
+// declares reports whether t's patterns declare exactly the variables in vars.
+func (t *routeTree) declares(vars map[string]string) bool {
+	return len(t.params) == len(vars) && !slices.ContainsFunc(t.params, func(p string) bool {
+		_, ok := vars[p]
+		return !ok
+	})
 }

@@ -37,9 +37,8 @@ var EmbeddedStore func(opts ...redisstore.Option) (*redisstore.RedisStore, error
 // embeddedStoreLine is the line that sets EmbeddedStore, as an error names it.
 const embeddedStoreLine = "flmw.EmbeddedStore = embedded.New (github.com/flightlock/flightlock/lockstore/embedded)"
 
-// openSection opens the store sec names, through its driver; a section naming none opens the
-// embedded store when the binary sets EmbeddedStore, never silently: refused in pre and pro,
-// logged at error level otherwise (mode is go-zero's service mode, "" when unknown).
+// openSection opens the store sec names, through its driver, or for a section naming none the
+// embedded store, as EmbeddedStore and WithServiceMode say (mode: "" when unknown).
 func openSection(sec rules.Section, c LockConf, mode string) (*lockstore.Backend, error) {
 	if sec.Configured() {
 		b, err := sec.Open(c.Prefix)

@@ -3,9 +3,14 @@ package rules
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
+	"path"
+	"slices"
 	"strings"
+
+	"github.com/zeromicro/go-zero/core/search"
 )
 
 // Spec is a Rule to compile with a Go rule's key function, which go-zero's loader refuses in Rule.
@@ -56,10 +61,7 @@ func (c LockConf) compileRules(extra []Spec) ([]*Compiled, error) {
 	seenRPC := make(map[string]string)
 	seenName := make(map[string][]Spec) // Rule.Name => the rules of that name so far
 	for _, s := range specs {
-		if err := checkRule(s, c.OnStoreError); err != nil {
-			return nil, err
-		}
-		if err := c.CheckRuleStore(s); err != nil {
+		if err := cmp.Or(checkRule(s, c.OnStoreError), c.CheckRuleStore(s)); err != nil {
 			return nil, err
 		}
 		if s.Name != "" {
@@ -100,6 +102,89 @@ func (c LockConf) compileRules(extra []Spec) ([]*Compiled, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// checkRuleSet refuses enforced rules of one Lock section that lock one key in ways that
+// cannot exclude each other: keys of one shape with different Permits, or with Fair on one
+// rule only (the other jumps the line), and a read and a write rule of one route whose keys
+// differ in shape (reads would see half-done writes). flightlock check compares sections.
+func checkRuleSet(specs []Spec) error {
+	firstCount := make(map[string]Spec)    // shape => the first rule that locks it
+	firstFairness := make(map[string]Spec) // shape => the first rule that could be fair
+	shapes := make([][]string, len(specs))
+	for i, s := range specs {
+		if s.Shadow || s.Key == "" {
+			continue
+		}
+		keys, err := TemplateKeys(s.Key)
+		if err != nil {
+			continue // checkRule reported it
+		}
+		for _, k := range keys {
+			shapes[i] = append(shapes[i], k.Shape)
+			if f, ok := firstCount[k.Shape]; !ok {
+				firstCount[k.Shape] = s
+			} else if fp, sp := max(f.Permits, 1), max(s.Permits, 1); fp != sp {
+				return FieldError(s.Field+".Permits", "%s locks %s with %s, and %s with %s: a lock is permit 1 of its key's "+
+					"semaphore, so the rules share permits and up to %d requests hold a key where one rule allows %d; "+
+					"give every rule on a key the same Permits", s.Field, k.Shape, permitWords(s), f.Field,
+					permitWords(f), max(fp, sp), min(fp, sp))
+			}
+			if isRead(s) {
+				continue // a read rule cannot be fair: a waiting writer holds new reads back
+			}
+			if f, ok := firstFairness[k.Shape]; !ok {
+				firstFairness[k.Shape] = s
+			} else if f.Fair != s.Fair {
+				fair, unfair := s.Field, f.Field
+				if !s.Fair {
+					fair, unfair = f.Field, s.Field
+				}
+				return FieldError(s.Field+".Fair", "%s locks %s with Fair and %s without it: only fair rules keep the key's "+
+					"line, so a request of %s takes the key whenever it is free, ahead of the fair waiters; "+
+					"make every rule on a key fair, or none", fair, k.Shape, unfair, unfair)
+			}
+		}
+	}
+	for i, r := range specs {
+		if !isRead(r) || r.Path == "" || len(shapes[i]) == 0 {
+			continue
+		}
+		for j, w := range specs {
+			if !isWrite(w) || len(shapes[j]) == 0 || !sameRoute(r.Path, w.Path) || shareShape(shapes[i], shapes[j]) {
+				continue
+			}
+			at := r
+			if j > i {
+				at = w // the later rule is the one reported, as above
+			}
+			return FieldError(at.Field+".Key", "%s reads %s and %s writes %s on the same route %s: a read lock excludes "+
+				"only the writers of its own key, so these two never exclude each other and reads see half-done writes; "+
+				"lock one key in both", r.Field, strings.Join(shapes[i], "+"), w.Field, strings.Join(shapes[j], "+"), r.Path)
+		}
+	}
+	return nil
+}
+
+func isRead(s Spec) bool  { return strings.EqualFold(s.Mode, "read") }
+func isWrite(s Spec) bool { return !s.Shadow && !isRead(s) && s.Permits <= 1 }
+
+// sameRoute reports whether two route patterns are one route, variable names aside.
+func sameRoute(a, b string) bool { return a != "" && b != "" && RouteShape(a) == RouteShape(b) }
+
+func shareShape(a, b []string) bool {
+	return slices.ContainsFunc(a, func(x string) bool { return slices.Contains(b, x) })
+}
+
+// permitWords is how a message names a rule's count: "Permits: 3", "Mode: read (no Permits)".
+func permitWords(s Spec) string {
+	switch {
+	case s.Permits > 1:
+		return fmt.Sprintf("Permits: %d", s.Permits)
+	case s.Mode != "":
+		return fmt.Sprintf("Mode: %s (no Permits)", strings.ToLower(s.Mode))
+	}
+	return "no Permits (a lock)"
 }
 
 // Overlaps reports whether p and q lock requests of one route: the same cleaned Path, and
@@ -193,4 +278,47 @@ func ParseReplayStatus(field, s string) ([6]bool, error) {
 		classes[c[0]-'0'] = true
 	}
 	return classes, nil
+}
+
+// Route is a go-zero route pattern such as /api/sku/:sku/deduct.
+type Route struct {
+	Text   string   // cleaned with path.Clean, as go-zero's router registers it
+	Params []string // variable names, in order
+}
+
+// parseRoute checks p the way go-zero's search tree does (it must start with '/', no empty
+// segments), and that its variable names are named and unique, which the key templates need.
+func parseRoute(p string) (Route, error) {
+	if err := search.NewTree().Add(p, struct{}{}); err != nil {
+		return Route{}, err
+	}
+	rp := Route{Text: path.Clean(p)}
+	if rp.Text == "/" {
+		return rp, nil
+	}
+	for _, s := range strings.Split(rp.Text[1:], "/") {
+		name, ok := strings.CutPrefix(s, ":")
+		switch {
+		case !ok:
+		case name == "":
+			return Route{}, errors.New("has a path variable without a name")
+		case slices.Contains(rp.Params, name):
+			return Route{}, fmt.Errorf("has the path variable :%s twice", name)
+		default:
+			rp.Params = append(rp.Params, name)
+		}
+	}
+	return rp, nil
+}
+
+// RouteShape is a route pattern with its variable names left out (/sku/:id and /sku/:uid are
+// /sku/:), for suggestions of the route a rule meant.
+func RouteShape(p string) string {
+	segs := strings.Split(p, "/")
+	for i, s := range segs {
+		if strings.HasPrefix(s, ":") {
+			segs[i] = ":"
+		}
+	}
+	return strings.Join(segs, "/")
 }

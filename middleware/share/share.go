@@ -10,8 +10,10 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -19,6 +21,7 @@ import (
 
 	"github.com/zeromicro/go-zero/core/logx"
 	"golang.org/x/sync/singleflight"
+	"google.golang.org/grpc/codes"
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/internal/waitbudget"
@@ -150,10 +153,9 @@ func (t *turn) is(s int) (in, led bool) {
 }
 
 // share runs a share rule for one request locked on keys, its stored response kept under
-// replayKeys: replay a stored response, or join (or lead) the flight of its key in this process
-// (run is the handler's run: see lead). A request waits for its run within its own wait budget,
-// then answers 409 / Aborted. Each waits on its own context, so one that leaves fails no other:
-// a run whose leader left before it ran ends with errLeaderLeft, and another starts.
+// replayKeys: it replays a stored response, or joins (or leads: see lead, which runs run) the
+// flight of its key in this process, waiting within its own wait budget, then answering 409 /
+// Aborted. Each waits on its own context, so one that leaves fails no other (errLeaderLeft).
 func (rl *rule) share(ctx context.Context, keys, replayKeys []string, print string, run runFunc) (*record, error) {
 	rkey := rules.ReplayPrefix + strings.Join(replayKeys, "+") // under the prefix of the rule's lock keys
 	if rec, err := rl.load(ctx, rkey); err != nil {
@@ -294,4 +296,71 @@ func (rl *rule) storeRecord(ctx context.Context, rkey string, rec *record, store
 	if err := rl.save(context.WithoutCancel(ctx), rkey, rec, rl.ttl); err != nil {
 		rl.locks.LogError(ctx, "storing the response for duplicates failed", err)
 	}
+}
+
+// record is a response as shared and stored: for REST the status, headers and body; for zrpc
+// the reply message or the error status. Fence is the fence of the run that produced it, Print
+// the fingerprint of that request's payload.
+type record struct {
+	Status int         `json:"s,omitempty"` // HTTP status
+	Header http.Header `json:"h,omitempty"`
+	Body   []byte      `json:"b,omitempty"`  // HTTP body, or the zrpc reply's wire bytes
+	Type   string      `json:"t,omitempty"`  // zrpc: the reply message's full name
+	Code   int         `json:"c,omitempty"`  // zrpc: the status code of an error reply
+	Msg    string      `json:"m,omitempty"`  // zrpc: its message
+	St     []byte      `json:"st,omitempty"` // zrpc: its whole status (google.rpc.Status), details included
+	Fence  int64       `json:"f"`
+	Print  string      `json:"p"`
+
+	replayed bool        // not stored: the record came from another run than the caller's own
+	own      http.Header // not stored: every header of the leader's own response
+	reply    any         // not stored: the zrpc reply the leader's handler returned
+	err      error       // not stored: the zrpc error the leader's handler returned
+	silent   bool        // not stored: the REST handler wrote nothing
+}
+
+// cutShort reports an answer that may tell of its request's end rather than of the operation:
+// a handler that wrote nothing, a 5xx, a zrpc Canceled, DeadlineExceeded or Unknown. Any other
+// answer stands (a redirect, a 4xx: the operation may be done).
+func (r *record) cutShort() bool {
+	switch {
+	case r.err != nil:
+		c := codes.Code(r.Code)
+		return c == codes.Canceled || c == codes.DeadlineExceeded || c == codes.Unknown
+	case r.Type != "": // a zrpc reply
+		return false
+	}
+	return r.silent || r.Status >= 500
+}
+
+// load returns the stored response of key, nil when there is none. A share rule keeps
+// responses in the response store of the store it locks in, so that they fail over with its
+// locks; keys are relative to the prefix of the rule's lock keys.
+func (rl *rule) load(ctx context.Context, key string) (*record, error) {
+	if rl.locks.Responses == nil {
+		return nil, rl.locks.NoResponses
+	}
+	v, err := rl.locks.Responses.Load(ctx, key)
+	if err != nil || v == nil {
+		return nil, err
+	}
+	var rec record
+	if err := json.Unmarshal(v, &rec); err != nil {
+		return nil, fmt.Errorf("stored response of %q: %w", key, err)
+	}
+	rec.replayed = true
+	return &rec, nil
+}
+
+// save stores rec under key for at least ttl, unless key holds something else than a stored
+// response (a lock whose key renders as this one) or the record of a later grant.
+func (rl *rule) save(ctx context.Context, key string, rec *record, ttl time.Duration) error {
+	if rl.locks.Responses == nil {
+		return rl.locks.NoResponses
+	}
+	b, err := json.Marshal(rec) // ends with "f" and "p", as lockstore.ResponseStore needs
+	if err != nil {
+		return err
+	}
+	return rl.locks.Responses.Save(ctx, key, b, rec.Fence, ttl)
 }
