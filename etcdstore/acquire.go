@@ -57,11 +57,11 @@ func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.A
 // attempt is one attempt of owner's acquisition on the store's lease l of its TTL (pinned, and
 // live at least ttl from start) with the value it writes.
 type attempt struct {
-	owner, meta, value string
-	ttl                time.Duration
-	start              time.Time // when the acquisition began: its guarantees count from then
-	again              bool      // a lease etcd no longer has may be dropped (errLeaseGone), once
-	l                  *lease
+	owner, value string
+	ttl          time.Duration
+	start        time.Time // when the acquisition began: its guarantees count from then
+	again        bool      // a lease etcd no longer has may be dropped (errLeaseGone), once
+	l            *lease
 }
 
 func (a *attempt) until() time.Time { return a.start.Add(a.ttl) }
@@ -241,11 +241,10 @@ func resending[T any](ctx context.Context, s *Store, what any, owner string, ttl
 				}
 			}
 			s.mu.Unlock()
-			var none T
-			return none, fmt.Errorf("flightlock: acquire %q: %w", what, err)
+			return *new(T), fmt.Errorf("flightlock: acquire %q: %w", what, err)
 		}
 		defer s.unpin(l)
-		a := &attempt{owner: owner, meta: meta, ttl: ttl, start: start, again: again, l: l}
+		a := &attempt{owner: owner, ttl: ttl, start: start, again: again, l: l}
 		if lockstore.IsReadOwner(owner) {
 			a.value = readValue(l.secs, meta)
 		} else {

@@ -48,13 +48,12 @@ func (in *Inspector) keyOf(full, pattern string, skip func(string) bool) (string
 
 // newInfo is the LockInfo of a grant at createRev that read the fence floor floor, TTL unread.
 func newInfo(key, full string, lease, createRev, modRev int64, marked bool, floor *mvccpb.KeyValue) lockstore.LockInfo {
+	d, _ := floorOffset(floor) // 0 for a floor that is not a fence: the next grant refuses it
 	l := lockstore.LockInfo{Key: key, StoreKey: full, TTL: lockstore.NoTTL, CreateRevision: createRev, ModRevision: modRev,
-		Contended: marked}
+		Contended: marked, Fence: createRev<<fenceShift + d}
 	if lease != 0 {
 		l.Lease = strconv.FormatInt(lease, 16)
 	}
-	d, _ := floorOffset(floor) // 0 for a floor that is not a fence: the next grant refuses it
-	l.Fence = createRev<<fenceShift + d
 	return l
 }
 

@@ -171,16 +171,14 @@ func (s *Store) revokeIfUnusedLocked(l *lease) {
 // unlists l, so the next call tries again.
 func (s *Store) grant(ctx context.Context, l *lease) {
 	defer close(l.ready)
-	ttl := l.ttl
-	secs := int64((ttl + s.margin) / time.Second)
-	sent := time.Now()
+	secs, sent := int64((l.ttl+s.margin)/time.Second), time.Now()
 	resp, err := s.cli.Grant(ctx, secs)
 	if err == nil && (resp.TTL != secs || s.isClosed()) {
 		_ = s.revoke(context.Background(), resp.ID)
 		if resp.TTL != secs {
 			// etcd raises a TTL below its minimum (1.5 election timeouts) without an error.
 			l.err = fmt.Errorf("flightlock: etcd granted a lease of %ds when asked for %ds (lock TTL %v + margin %v): "+
-				"its minimum lease TTL is higher, so this lock TTL cannot be honoured", resp.TTL, secs, ttl, s.margin)
+				"its minimum lease TTL is higher, so this lock TTL cannot be honoured", resp.TTL, secs, l.ttl, s.margin)
 			return
 		}
 		err = errStoreClosed

@@ -101,11 +101,9 @@ func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence 
 	}()
 	for {
 		if read == nil {
-			resp, err := s.cli.Txn(ctx).Then(reads...).Commit()
-			if err != nil {
+			if read, err = s.cli.Txn(ctx).Then(reads...).Commit(); err != nil {
 				return 0, fmt.Errorf("flightlock: release %q: %w", key, err)
 			}
-			read = resp
 		}
 		kv, floor := firstKV(read.Responses[0]), firstKV(read.Responses[1])
 		read = nil

@@ -142,11 +142,10 @@ func (e Conf) Client() (*clientv3.Client, error) {
 	}
 	// Error level: etcd's retry interceptor warns of every call whose context ended (each lock
 	// wait a request gives up), and the store returns those errors.
-	lg, err := logutil.CreateDefaultZapLogger(zapcore.ErrorLevel)
-	if err != nil {
+	var err error
+	if cfg.Logger, err = logutil.CreateDefaultZapLogger(zapcore.ErrorLevel); err != nil {
 		return nil, err
 	}
-	cfg.Logger = lg
 	if e.User != "" && e.Pass != "" {
 		cfg.Username, cfg.Password = e.User, e.Pass
 	}
