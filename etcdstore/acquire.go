@@ -217,9 +217,8 @@ const (
 )
 
 // resending runs once, each attempt on a fresh pinned lease of ttl for owner's acquisition of
-// keys (what names them in errors), until it succeeds, fails for good, or ctx ends, and returns
-// the last outcome. An attempt with again set may drop a lease etcd no longer has
-// (errLeaseGone) and be made once more.
+// keys (what names them in errors), until it succeeds, fails for good (errLeaseGone once is not
+// for good: attempt.again), or ctx ends, and returns the last outcome.
 func resending[T any](ctx context.Context, s *Store, what any, owner string, ttl time.Duration, meta string, keys []string,
 	once func(ctx context.Context, a *attempt) (T, error)) (T, error) {
 	start := time.Now()

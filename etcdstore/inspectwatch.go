@@ -248,8 +248,7 @@ func (w *etcdWatch) marked(ev *clientv3.Event) {
 	w.emit(lockstore.EventContended, l)
 }
 
-// rewatchPause is how long a watch that etcd ended (no leader, compaction) waits before it
-// watches again; the waiter was signalled meanwhile and retries on its own.
+// rewatchPause is Store.Watch's pause before it watches again (the waiter, signalled, retries).
 const rewatchPause = 100 * time.Millisecond
 
 // Watch implements lockstore.Store with etcd watches that signal each deletion of key (a

@@ -255,8 +255,7 @@ func (s *Store) keepAliveLoop() {
 }
 
 // ownKeepAlive is a keep-alive of l sent at or after t (none if one succeeded already), after
-// which l lives at least its TTL from t. Callers that queue while one is on the wire share the
-// next.
+// which l lives at least its TTL from t. Callers queued while one is on the wire share the next.
 func (s *Store) ownKeepAlive(l *lease, t time.Time) *keepAlive {
 	l.mu.Lock()
 	defer l.mu.Unlock()

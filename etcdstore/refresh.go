@@ -74,8 +74,7 @@ func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []err
 		if errs[i] != nil {
 			continue
 		}
-		ka := kas[clientv3.LeaseID(kvs[holdKey(r.Key, r.Owner)].Lease)]
-		secs, err := ka.wait(ctx)
+		secs, err := kas[clientv3.LeaseID(kvs[holdKey(r.Key, r.Owner)].Lease)].wait(ctx)
 		switch {
 		case errors.Is(err, errLeaseGone):
 			s.forget(r.Key, r.Owner)

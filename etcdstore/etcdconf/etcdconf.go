@@ -81,14 +81,13 @@ func (e Conf) Open(prefix string) (*lockstore.Backend, error) {
 
 // Validate implements lockstore.Driver: the settings of e when it names a cluster.
 func (e Conf) Validate(section, prefix string) []error {
-	var ps []error
 	if !e.Configured() {
 		if e.User != "" || e.Pass != "" || e.CertFile != "" || e.CertKeyFile != "" || e.CACertFile != "" {
-			ps = append(ps, lockstore.FieldError(section+".Hosts", "is empty, but the Etcd section sets other fields: an etcd store with no hosts"))
+			return []error{lockstore.FieldError(section+".Hosts", "is empty, but the Etcd section sets other fields: an etcd store with no hosts")}
 		}
-		return ps
+		return nil
 	}
-	ps = append(ps, lockstore.HostErrors(section+".Hosts", e.Hosts)...)
+	ps := lockstore.HostErrors(section+".Hosts", e.Hosts)
 	if first, _, _ := strings.Cut(e.KeyPrefix(prefix), "/"); strings.HasSuffix(first, ".rpc") {
 		ps = append(ps, lockstore.FieldError(section+".Key", "%q puts the locks under %q, a zrpc service's discovery key by goctl's naming: "+
 			"its clients would dial every lock as a server address; keep the locks under a name of their own, "+
