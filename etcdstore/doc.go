@@ -1,7 +1,7 @@
 // Package etcdstore keeps flightlock's locks in etcd: the lockstore.Store (and lockstore.Passer)
 // on go.etcd.io/etcd/client/v3, for endpoints where a double grant costs money even across a
 // failover. Raft keeps an acknowledged grant through a leader's death, and the cluster's
-// revision is a fence by construction (fence.go). New takes a *clientv3.Client that the caller
+// revision is a fence by construction (fenceShift). New takes a *clientv3.Client that the caller
 // owns; keys are full etcd keys (the Locker adds its prefix). docs/guarantees.md says how each
 // of flightlock's promises holds on etcd.
 //

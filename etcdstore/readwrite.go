@@ -31,7 +31,7 @@ import (
 //	          then put(read hold, lease); get(floor); delete(mark)
 //	          else get(key); put(waiter, lease); get(mark)
 //
-// A read hold's fence is made as a write's (fence.go): every write it follows was deleted at a
+// A read hold's fence is made as a write's (fenceShift): every write it follows was deleted at a
 // lower revision, so it exceeds their fences (the floor covers those beyond the revision's
 // room); the next write is granted after this hold's deletion, at a higher revision, with no
 // floor written in between (only a write's release writes one), so its fence exceeds it.

@@ -259,7 +259,7 @@ func (s *Store) releaseBounded(ctx context.Context, key, owner, hold string, las
 // Pass implements lockstore.Passer. The turn of a lock this store acquired, that no other
 // process re-entered and nobody was refused while held (no waiter mark) goes on under the same
 // grant: the lock is refreshed, and the next local grant gets the fence after every fence
-// handed out under it (fence.go), for a read-only transaction and the refresh instead of two
+// handed out under it (fenceShift), for a read-only transaction and the refresh instead of two
 // Raft writes. Pass releases as Release does when the lock is marked, re-entered or not this
 // store's, when the grant has used half its fence room (so the next turn's handoffs still
 // fit), or when it followed a refusal of this store (contended).
