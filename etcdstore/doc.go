@@ -7,12 +7,11 @@
 //
 // # Exclusion
 //
-// A lock is one etcd key whose value names its owner token (lockValue); every acquisition is
-// one transaction. No write touches a key another owner holds: releases compare the exact
-// revision this store wrote or read, refreshes check the owner on a read after the call
-// started. Read holds (readwrite.go) and fair-line places (fair.go) live in the lock key's side
-// directory (sideDir); the store's own keys live under lockstore.FenceKeyPrefix, refused as
-// lock keys.
+// A lock is one etcd key whose value names its owner token (lockValue); every acquisition is one
+// transaction. No write touches a key another owner holds: releases compare the exact revision this
+// store wrote or read, refreshes check the owner on a read after the call started. Read holds and
+// fair-line places (readwrite.go) live in the lock key's side directory (sideDir); the store's own
+// keys live under lockstore.FenceKeyPrefix, refused as lock keys.
 //
 // # Leases and TTLs
 //
