@@ -501,12 +501,9 @@ func (s *Store) granted(ctx context.Context, a *attempt, key string, rev int64, 
 	return lockstore.Acquisition{Acquired: true, Fence: fence}, nil
 }
 
-// giveBack deletes key if it still holds value (a grant the store cannot use), bounded and
-// beside the caller, who returns by its deadline.
+// giveBack deletes key if it still holds value (a grant the store cannot use), beside the caller.
 func (s *Store) giveBack(ctx context.Context, key, value string) {
-	s.beside(func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
+	s.beside(ctx, func(ctx context.Context) {
 		_, _ = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(key), "=", value)).Then(clientv3.OpDelete(key)).Commit()
 	})
 }
@@ -720,10 +717,10 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 		case errors.Is(kaErr, errLeaseGone):
 			return lockstore.Acquisition{}, nil // the key went with its lease: nothing is held
 		case kaErr != nil: // added, but not reported: given back beside the caller
-			s.beside(func() { s.releaseBounded(context.WithoutCancel(ctx), key, owner, hold, 0) })
+			s.beside(ctx, func(ctx context.Context) { _, _ = s.release(ctx, key, owner, hold, 0) })
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, kaErr)
 		case time.Duration(secs)*time.Second < ttl:
-			s.beside(func() { s.releaseBounded(context.WithoutCancel(ctx), key, owner, hold, 0) })
+			s.beside(ctx, func(ctx context.Context) { _, _ = s.release(ctx, key, owner, hold, 0) })
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q for %v: its etcd lease lasts %ds", key, ttl, secs)
 		}
 		if !s.updateOn(kl, key, owner, func(e *heldKey) {

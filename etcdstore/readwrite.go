@@ -160,7 +160,9 @@ type place struct {
 func (s *Store) acquireWriteOnce(ctx context.Context, a *attempt, key string, fair bool, queue time.Duration) (lockstore.Acquisition, error) {
 	var p place
 	if fair {
-		p = s.placeOf(key, a.owner)
+		s.mu.Lock()
+		p = s.places[entryKey{key, a.owner}]
+		s.mu.Unlock()
 	}
 	if queue > 0 && p.lease != 0 {
 		// The place lives queue from now: this is the owner's latest fair Acquire.
@@ -193,11 +195,7 @@ func (s *Store) acquireWriteOnce(ctx context.Context, a *attempt, key string, fa
 			// A re-sent attempt: a place left over would hold up the line behind a caller that
 			// no longer waits. One that cannot be deleted ends with its lease.
 			if queue > 0 && p.lease != 0 {
-				s.beside(func() {
-					lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-					_ = s.LeaveQueue(lctx, key, a.owner)
-					cancel()
-				})
+				s.beside(ctx, func(ctx context.Context) { _ = s.LeaveQueue(ctx, key, a.owner) })
 			}
 			return s.reentered(ctx, a, key, kv, nil)
 		}
@@ -253,12 +251,6 @@ func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
 		return fmt.Errorf("flightlock: leave the line of %q: %w", key, err)
 	}
 	return nil
-}
-
-func (s *Store) placeOf(key, owner string) place {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.places[entryKey{key, owner}]
 }
 
 // setPlace records owner's place in key's line; the zero place forgets it.
