@@ -577,18 +577,17 @@ func busyFor(secs int64, meta string, ok bool) lockstore.Acquisition {
 // all; else the keys held by others are marked waited on, their Acquisitions (in keys' order)
 // carrying HolderTTL and Holder. Each key is released on its own.
 func (s *Store) AcquireAll(ctx context.Context, keys []string, owner string, ttl time.Duration, meta string) ([]lockstore.Acquisition, error) {
-	if len(keys) == 0 {
-		return nil, errors.New("flightlock: no keys")
-	}
 	// Two operations a key in each branch, and etcd counts markWaiter's two levels against it.
-	if most := (s.maxTxnOps - 4) / 2; len(keys) > most {
+	most := (s.maxTxnOps - 4) / 2
+	switch {
+	case len(keys) == 0:
+		return nil, errors.New("flightlock: no keys")
+	case len(keys) > most:
 		return nil, fmt.Errorf("flightlock: %d keys in one etcd transaction, at most %d (--max-txn-ops %d)",
 			len(keys), most, s.maxTxnOps)
-	}
-	if lockstore.IsReadOwner(owner) {
+	case lockstore.IsReadOwner(owner):
 		return nil, errors.New("flightlock: AcquireAll takes write locks only, not read holds")
-	}
-	if sorted := slices.Sorted(slices.Values(keys)); len(slices.Compact(sorted)) != len(keys) {
+	case len(slices.Compact(slices.Sorted(slices.Values(keys)))) != len(keys):
 		return nil, errors.New("flightlock: duplicate key in AcquireAll")
 	}
 	if err := s.check(owner, ttl, keys...); err != nil {

@@ -251,12 +251,11 @@ func (w *etcdWatch) marked(ev *clientv3.Event) {
 // rewatchPause is Store.Watch's pause before it watches again (the waiter, signalled, retries).
 const rewatchPause = 100 * time.Millisecond
 
-// Watch implements lockstore.Store with etcd watches that signal each deletion of key (a
+// Watch implements lockstore.Store: one goroutine's etcd watches signal each deletion of key (a
 // release or an expiry) and of any key in its side directory (a read hold's end, which a writer
 // waits for; a place leaving the line), from this store's last busy reply for key, so that no
-// release in between is missed. When etcd ends the watch (no leader, compaction), the channel
-// is signalled and the watch starts again. It ends with ctx, its Close, or the store's. One
-// goroutine per Watch.
+// release in between is missed. When etcd ends the watch (no leader, compaction), the channel is
+// signalled and the watch starts again. It ends with ctx, its Close, or the store's.
 func (s *Store) Watch(ctx context.Context, key string) (*lockstore.Watch, error) {
 	if err := checkKey(key); err != nil {
 		return nil, err

@@ -10,12 +10,11 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// Read-write locks: an owner made by lockstore.ReadOwner takes a read hold of its own
-// (readKey), shared with the key's other read holds. One transaction on each side decides
-// exclusion: a write grant compares that the key does not exist and its read directory is
-// empty (writable); a read grant, that the key does not exist and no writer mark is live. A
-// read hold lives on its reader's session lease and in held like a lock; its end deletes its
-// key, which every waiter's Watch hears.
+// Read-write locks: an owner made by lockstore.ReadOwner takes a read hold of its own (readKey),
+// shared with the key's other read holds. One transaction on each side decides exclusion: a write
+// grant compares that the key does not exist and its read directory is empty (writable); a read
+// grant, that the key does not exist and no writer mark is live. A read hold lives on its reader's
+// session lease and in held like a lock; every waiter's Watch hears its end (a deletion).
 //
 // Writer preference: a write acquisition refused by read holds sets the writer mark
 // (markWriter), which refuses read acquisitions until its deadline, one lease TTL of its
@@ -32,9 +31,9 @@ import (
 //	          else get(key); put(waiter, lease); get(mark)
 //
 // A read hold's fence is made as a write's (fenceShift): every write it follows was deleted at a
-// lower revision, so it exceeds their fences (the floor covers those beyond the revision's
-// room); the next write is granted after this hold's deletion, at a higher revision, with no
-// floor written in between (only a write's release writes one), so its fence exceeds it.
+// lower revision, so it exceeds their fences (the floor covers those beyond the revision's room);
+// the next write is granted after this hold's deletion, at a higher revision, with no floor
+// written in between (only a write's release writes one), so its fence exceeds it.
 func (s *Store) acquireReadOnce(ctx context.Context, a *attempt, key string) (lockstore.Acquisition, error) {
 	rk, mark := readKey(key, a.owner), writerKey(key)
 	grant := func(more ...clientv3.Op) []clientv3.Op {

@@ -281,10 +281,9 @@ func (s *Store) Pass(ctx context.Context, key, owner string, ttl time.Duration, 
 				if err := s.Refresh(ctx, key, owner, ttl); err != nil {
 					return false, 0, 0, err
 				}
-				next := top + 1
 				// The store reports it on release, so that the floor covers it (deleteOps).
-				s.update(key, owner, func(e *heldKey) { e.last = max(e.last, next) })
-				return true, next, 0, nil
+				s.update(key, owner, func(e *heldKey) { e.last = max(e.last, top+1) })
+				return true, top + 1, 0, nil
 			}
 		}
 	}

@@ -171,8 +171,7 @@ func (e Conf) Client() (*clientv3.Client, error) {
 	cli, err := clientv3.New(cfg)
 	if err != nil {
 		if cfg.TLS != nil {
-			// The client reports only a failed handshake's timeout: ask the first member for
-			// the cause.
+			// The client reports only a failed handshake's timeout: the first member tells why.
 			if cause := tlsHandshakeError(hosts[0], cfg.TLS, min(cfg.DialTimeout, 2*time.Second)); cause != nil {
 				return nil, fmt.Errorf("flightlock: etcd connect error, hosts %v: %w (TLS with %s: %v)", hosts, err, hosts[0], cause)
 			}
