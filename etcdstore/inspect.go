@@ -189,9 +189,7 @@ func (c *sideCount) add(kind byte, kv *mvccpb.KeyValue) {
 	switch kind {
 	case sideRead:
 		c.readers++
-		if c.lease == 0 {
-			c.lease = kv.Lease
-		}
+		c.lease = cmp.Or(c.lease, kv.Lease)
 		c.createRev, c.modRev = max(c.createRev, kv.CreateRevision), max(c.modRev, kv.ModRevision)
 	case sidePlace:
 		c.queued++

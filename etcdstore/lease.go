@@ -275,9 +275,8 @@ func (s *Store) queueLocked(l *lease) *keepAlive {
 	}
 	r := l.next
 	if !l.sending {
-		l.sending = true
-		if !s.spawn(func() { s.sendKeepAlives(l) }) {
-			l.sending = false
+		// The sender waits for l.mu, held here, before it reads sending or next.
+		if l.sending = s.spawn(func() { s.sendKeepAlives(l) }); !l.sending {
 			l.next = nil
 			r.err = errStoreClosed
 			close(r.done)
@@ -291,13 +290,11 @@ func (s *Store) sendKeepAlives(l *lease) {
 	for {
 		l.mu.Lock()
 		r := l.next
-		l.next = nil
+		l.next, l.sending = nil, r != nil
+		l.mu.Unlock()
 		if r == nil {
-			l.sending = false
-			l.mu.Unlock()
 			return
 		}
-		l.mu.Unlock()
 
 		sent := time.Now()
 		// Bounded by resendAfter: one sent to a silent member would hold every caller queued

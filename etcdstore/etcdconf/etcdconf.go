@@ -194,10 +194,7 @@ func tlsHandshakeError(host string, conf *tls.Config, d time.Duration) error {
 		return nil
 	}
 	c := conf.Clone()
-	if c.ServerName == "" {
-		c.ServerName = name
-	}
-	c.NextProtos = []string{"h2"}
+	c.ServerName, c.NextProtos = cmp.Or(c.ServerName, name), []string{"h2"}
 	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: d}, "tcp", addr, c)
 	if err != nil {
 		return err
