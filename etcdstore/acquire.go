@@ -535,14 +535,12 @@ func (s *Store) reentered(ctx context.Context, a *attempt, key string, kv, floor
 	id := clientv3.LeaseID(kv.Lease)
 	kl := s.ourLease(id)
 	if id != a.l.id {
-		secs, err := s.startKeepAlive(ctx, id, a.start).wait(ctx)
-		if errors.Is(err, errLeaseGone) {
+		switch secs, err := s.startKeepAlive(ctx, id, a.start).wait(ctx); {
+		case errors.Is(err, errLeaseGone):
 			return lockstore.Acquisition{}, nil // deleted with its lease: free now, try again
-		}
-		if err != nil {
+		case err != nil:
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
-		}
-		if time.Duration(secs)*time.Second < a.ttl {
+		case time.Duration(secs)*time.Second < a.ttl:
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %s on an etcd lease of %ds, "+
 				"shorter than the lock TTL %v", key, what, secs, a.ttl)
 		}
