@@ -223,9 +223,8 @@ func resending[T any](ctx context.Context, s *Store, what any, owner string, ttl
 	once func(ctx context.Context, a *attempt) (T, error)) (T, error) {
 	start := time.Now()
 	try := func(ctx context.Context, again bool) (T, error) {
-		// The lease of ttl, pinned until the outcome is recorded and live at least ttl from
-		// start. Without it nothing was sent: noted in unsent (giveBackLater) unless an entry
-		// of the key knows more.
+		// The lease as attempt.l needs it. Without it nothing was sent: noted in unsent
+		// (giveBackLater) unless an entry of the key knows more.
 		l, err := s.leaseFor(ctx, ttl)
 		if err == nil && !l.liveFor(start, ttl) {
 			if _, err = s.ownKeepAlive(l, start).wait(ctx); err != nil {
@@ -346,9 +345,8 @@ func writable(key string) []clientv3.Cmp {
 	}
 }
 
-// writeOps are a write acquisition's transaction on key with value on lease l: the compare
-// (writable), the grant (its revision makes the fence; floor read second) and the refusal (the
-// holder read first, the waiter mark, markWriter).
+// writeOps are a write acquisition of key with value on lease l, as acquireWriteOnce draws it:
+// the compare, the grant (floor read second) and the refusal (holder read first, markWriter third).
 func writeOps(key, value string, l *lease) (cmps []clientv3.Cmp, grant, refused []clientv3.Op) {
 	return writable(key),
 		[]clientv3.Op{clientv3.OpPut(key, value, clientv3.WithLease(l.id)), clientv3.OpGet(FloorKey(key)),
