@@ -517,7 +517,7 @@ func (s *Store) reentered(ctx context.Context, a *attempt, key string, kv, floor
 		if !ok {
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: unreadable lock value %q", key, kv.Value)
 		}
-		simple, what = v.simple(), "held"
+		simple, what = v.holds == "1", "held" // the acquisition's hold alone (heldKey.simple)
 	}
 	var err error
 	if floor == nil && !read {

@@ -57,13 +57,10 @@ func placeKey(k, owner string) string { return lineDir(k) + owner }
 
 // parseSideKey splits a key under sidePrefix into the lock key, the kind and the owner.
 func parseSideKey(full string) (k string, kind byte, owner string, ok bool) {
-	rest, found := strings.CutPrefix(full, sidePrefix)
-	if !found {
-		return "", 0, "", false
-	}
+	rest, side := strings.CutPrefix(full, sidePrefix)
 	n, rest, found := strings.Cut(rest, ":")
 	size, err := strconv.Atoi(n)
-	if !found || err != nil || size <= 0 || size > len(rest) {
+	if !side || !found || err != nil || size <= 0 || size > len(rest) {
 		return "", 0, "", false
 	}
 	k, rest = rest[:size], rest[size:]
@@ -153,10 +150,6 @@ func parseValue(b []byte) (v lockValue, ok bool) {
 func ownedBy(b []byte, owner string) bool {
 	return len(b) > len(owner) && string(b[:len(owner)]) == owner && b[len(owner)] == ' '
 }
-
-// simple reports whether the holds are the acquisition's alone, which the one-transaction
-// release can delete.
-func (v lockValue) simple() bool { return v.holds == "1" }
 
 // hasHold reports whether the hold named hold ("" for the acquisition's own) is listed.
 func (v lockValue) hasHold(hold string) bool {
