@@ -203,8 +203,7 @@ func (s *Store) acquireWriteOnce(ctx context.Context, a *attempt, key string, fa
 			return out, nil
 		}
 		if p.lease == 0 {
-			secs := int64((queue + time.Second - 1) / time.Second)
-			g, err := s.cli.Grant(ctx, secs)
+			g, err := s.cli.Grant(ctx, int64((queue+time.Second-1)/time.Second)) // whole seconds, up
 			if err != nil {
 				return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: lease of its place in line: %w", key, err)
 			}

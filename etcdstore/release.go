@@ -157,9 +157,8 @@ func (s *Store) atRevision(ctx context.Context, key string, rev int64, then, els
 	return s.cli.Txn(ctx).If(append(cmps, more...)...).Then(then...).Else(els...).Commit()
 }
 
-// releaseOps are the writes that release hold ("": the owner's own) from the value v read in
-// kv: the value without it, or, no hold left (left false), the key's deletion. Other processes'
-// holds left alone move off the session lease onto *moved, granted here once per release.
+// releaseOps are the writes of one round of Release's rewrite of hold ("": the owner's own) from
+// the value v read in kv; left reports a hold left, and *moved is granted here once per release.
 func (s *Store) releaseOps(ctx context.Context, key, owner, hold string, lastFence int64, v lockValue, kv, floor *mvccpb.KeyValue, moved *clientv3.LeaseID) (ops []clientv3.Op, left bool, err error) {
 	nv, left := v.withoutHold(hold)
 	e, _ := s.entry(key, owner)
