@@ -94,10 +94,9 @@ func (in *Inspector) leaseTTLs(ctx context.Context, locks []lockstore.LockInfo) 
 	return nil
 }
 
-// snapshot reads, in one transaction, the lock keys under the prefix (one: full alone) with
-// their marks, floors and side keys, and returns those keyOf lists, sorted by key: the first
-// limit (0: all) with their TTLs, how many more there are, and the revision read. One's lock
-// has its fence counter.
+// snapshot reads in one transaction the lock keys under the prefix (one: full alone, with its
+// fence counter) with their marks, floors and side keys, and returns those keyOf lists, sorted by
+// key: the first limit (0: all) with their TTLs, how many more there are, and the revision read.
 func (in *Inspector) snapshot(ctx context.Context, full string, one bool, keyOf func(string) (string, bool), limit int) ([]lockstore.LockInfo, int, int64, error) {
 	rng, side := []clientv3.OpOption{clientv3.WithPrefix()}, sidePrefix
 	if one {
