@@ -81,9 +81,8 @@ func (w *etcdWatch) follow(ctx context.Context, rev int64) error {
 			return nil
 		case !ok:
 			return errors.New("etcd closed the watch")
-		}
-		if err := resp.Err(); err != nil {
-			return err
+		case resp.Err() != nil:
+			return resp.Err()
 		}
 		ends := make(leaseEnds) // a lease's end deletes all of its keys in one response
 		for _, ev := range resp.Events {
