@@ -203,7 +203,7 @@ func (s *Store) acquireWriteOnce(ctx context.Context, a *attempt, key string, fa
 			return out, nil
 		}
 		if p.lease == 0 {
-			g, err := s.cli.Grant(ctx, int64((queue+time.Second-1)/time.Second)) // whole seconds, up
+			g, err := s.cli.Grant(ctx, int64((queue+time.Second-1)/time.Second))
 			if err != nil {
 				return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: lease of its place in line: %w", key, err)
 			}

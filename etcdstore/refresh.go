@@ -166,10 +166,8 @@ func (k *keepAlive) join() {
 // transaction that fails sets the error of each of its keys.
 func (s *Store) readKeys(ctx context.Context, keys []string) (map[string]*mvccpb.KeyValue, map[string]error) {
 	kvs, errs := make(map[string]*mvccpb.KeyValue, len(keys)), make(map[string]error)
-	var (
-		mu sync.Mutex
-		wg sync.WaitGroup
-	)
+	var mu sync.Mutex // guards kvs and errs
+	var wg sync.WaitGroup
 	for chunk := range slices.Chunk(keys, s.maxTxnOps) {
 		wg.Go(func() {
 			ops := make([]clientv3.Op, len(chunk))
