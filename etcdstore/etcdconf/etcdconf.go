@@ -170,11 +170,9 @@ func (e Conf) Client() (*clientv3.Client, error) {
 	}
 	cli, err := clientv3.New(cfg)
 	if err != nil {
-		if cfg.TLS != nil {
-			// The client reports only a failed handshake's timeout: the first member tells why.
-			if cause := tlsHandshakeError(hosts[0], cfg.TLS, min(cfg.DialTimeout, 2*time.Second)); cause != nil {
-				return nil, fmt.Errorf("flightlock: etcd connect error, hosts %v: %w (TLS with %s: %v)", hosts, err, hosts[0], cause)
-			}
+		// The client reports only a failed handshake's timeout: the first member tells why.
+		if cause := tlsHandshakeError(hosts[0], cfg.TLS, min(cfg.DialTimeout, 2*time.Second)); cause != nil {
+			return nil, fmt.Errorf("flightlock: etcd connect error, hosts %v: %w (TLS with %s: %v)", hosts, err, hosts[0], cause)
 		}
 		return nil, fmt.Errorf("flightlock: etcd connect error, hosts %v: %w", hosts, err)
 	}
@@ -183,14 +181,14 @@ func (e Conf) Client() (*clientv3.Client, error) {
 
 // tlsHandshakeError runs the TLS handshake with the etcd endpoint host within d as the client
 // would, and reads once, so that a client certificate refused after it (TLS 1.3) shows too; nil
-// when no error came in time.
+// when no error came in time, or when conf is nil (no TLS).
 func tlsHandshakeError(host string, conf *tls.Config, d time.Duration) error {
 	addr := host
 	if u, err := url.Parse(host); err == nil && u.Host != "" {
 		addr = u.Host
 	}
 	name, _, err := net.SplitHostPort(addr)
-	if err != nil {
+	if err != nil || conf == nil {
 		return nil
 	}
 	c := conf.Clone()
