@@ -57,11 +57,11 @@ func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.A
 // attempt is one attempt of owner's acquisition on the store's lease l of its TTL (pinned, and
 // live at least ttl from start) with the value it writes.
 type attempt struct {
-	owner, meta, value string
-	ttl                time.Duration
-	start              time.Time // when the acquisition began: its guarantees count from then
-	again              bool      // a lease etcd no longer has may be dropped (errLeaseGone), once
-	l                  *lease
+	owner, value string
+	ttl          time.Duration
+	start        time.Time // when the acquisition began: its guarantees count from then
+	again        bool      // a lease etcd no longer has may be dropped (errLeaseGone), once
+	l            *lease
 }
 
 func (a *attempt) until() time.Time { return a.start.Add(a.ttl) }
@@ -217,16 +217,14 @@ const (
 )
 
 // resending runs once, each attempt on a fresh pinned lease of ttl for owner's acquisition of
-// keys (what names them in errors), until it succeeds, fails for good, or ctx ends, and returns
-// the last outcome. An attempt with again set may drop a lease etcd no longer has
-// (errLeaseGone) and be made once more.
+// keys (what names them in errors), until it succeeds, fails for good (errLeaseGone once is not
+// for good: attempt.again), or ctx ends, and returns the last outcome.
 func resending[T any](ctx context.Context, s *Store, what any, owner string, ttl time.Duration, meta string, keys []string,
 	once func(ctx context.Context, a *attempt) (T, error)) (T, error) {
 	start := time.Now()
 	try := func(ctx context.Context, again bool) (T, error) {
-		// The lease of ttl, pinned until the outcome is recorded and live at least ttl from
-		// start. Without it nothing was sent: noted in unsent (giveBackLater) unless an entry
-		// of the key knows more.
+		// The lease as attempt.l needs it. Without it nothing was sent: noted in unsent
+		// (giveBackLater) unless an entry of the key knows more.
 		l, err := s.leaseFor(ctx, ttl)
 		if err == nil && !l.liveFor(start, ttl) {
 			if _, err = s.ownKeepAlive(l, start).wait(ctx); err != nil {
@@ -241,11 +239,10 @@ func resending[T any](ctx context.Context, s *Store, what any, owner string, ttl
 				}
 			}
 			s.mu.Unlock()
-			var none T
-			return none, fmt.Errorf("flightlock: acquire %q: %w", what, err)
+			return *new(T), fmt.Errorf("flightlock: acquire %q: %w", what, err)
 		}
 		defer s.unpin(l)
-		a := &attempt{owner: owner, meta: meta, ttl: ttl, start: start, again: again, l: l}
+		a := &attempt{owner: owner, ttl: ttl, start: start, again: again, l: l}
 		if lockstore.IsReadOwner(owner) {
 			a.value = readValue(l.secs, meta)
 		} else {
@@ -348,9 +345,8 @@ func writable(key string) []clientv3.Cmp {
 	}
 }
 
-// writeOps are a write acquisition's transaction on key with value on lease l: the compare
-// (writable), the grant (its revision makes the fence; floor read second) and the refusal (the
-// holder read first, the waiter mark, markWriter).
+// writeOps are a write acquisition of key with value on lease l, as acquireWriteOnce draws it:
+// the compare, the grant (floor read second) and the refusal (holder read first, markWriter third).
 func writeOps(key, value string, l *lease) (cmps []clientv3.Cmp, grant, refused []clientv3.Op) {
 	return writable(key),
 		[]clientv3.Op{clientv3.OpPut(key, value, clientv3.WithLease(l.id)), clientv3.OpGet(FloorKey(key)),
@@ -503,12 +499,9 @@ func (s *Store) granted(ctx context.Context, a *attempt, key string, rev int64, 
 	return lockstore.Acquisition{Acquired: true, Fence: fence}, nil
 }
 
-// giveBack deletes key if it still holds value (a grant the store cannot use), bounded and
-// beside the caller, who returns by its deadline.
+// giveBack deletes key if it still holds value (a grant the store cannot use), beside the caller.
 func (s *Store) giveBack(ctx context.Context, key, value string) {
-	s.beside(func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
+	s.beside(ctx, func(ctx context.Context) {
 		_, _ = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(key), "=", value)).Then(clientv3.OpDelete(key)).Commit()
 	})
 }
@@ -524,7 +517,7 @@ func (s *Store) reentered(ctx context.Context, a *attempt, key string, kv, floor
 		if !ok {
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: unreadable lock value %q", key, kv.Value)
 		}
-		simple, what = v.simple(), "held"
+		simple, what = v.holds == "1", "held" // the acquisition's hold alone (heldKey.simple)
 	}
 	var err error
 	if floor == nil && !read {
@@ -540,14 +533,12 @@ func (s *Store) reentered(ctx context.Context, a *attempt, key string, kv, floor
 	id := clientv3.LeaseID(kv.Lease)
 	kl := s.ourLease(id)
 	if id != a.l.id {
-		secs, err := s.startKeepAlive(ctx, id, a.start).wait(ctx)
-		if errors.Is(err, errLeaseGone) {
+		switch secs, err := s.startKeepAlive(ctx, id, a.start).wait(ctx); {
+		case errors.Is(err, errLeaseGone):
 			return lockstore.Acquisition{}, nil // deleted with its lease: free now, try again
-		}
-		if err != nil {
+		case err != nil:
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
-		}
-		if time.Duration(secs)*time.Second < a.ttl {
+		case time.Duration(secs)*time.Second < a.ttl:
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %s on an etcd lease of %ds, "+
 				"shorter than the lock TTL %v", key, what, secs, a.ttl)
 		}
@@ -582,18 +573,17 @@ func busyFor(secs int64, meta string, ok bool) lockstore.Acquisition {
 // all; else the keys held by others are marked waited on, their Acquisitions (in keys' order)
 // carrying HolderTTL and Holder. Each key is released on its own.
 func (s *Store) AcquireAll(ctx context.Context, keys []string, owner string, ttl time.Duration, meta string) ([]lockstore.Acquisition, error) {
-	if len(keys) == 0 {
-		return nil, errors.New("flightlock: no keys")
-	}
 	// Two operations a key in each branch, and etcd counts markWaiter's two levels against it.
-	if most := (s.maxTxnOps - 4) / 2; len(keys) > most {
+	most := (s.maxTxnOps - 4) / 2
+	switch {
+	case len(keys) == 0:
+		return nil, errors.New("flightlock: no keys")
+	case len(keys) > most:
 		return nil, fmt.Errorf("flightlock: %d keys in one etcd transaction, at most %d (--max-txn-ops %d)",
 			len(keys), most, s.maxTxnOps)
-	}
-	if lockstore.IsReadOwner(owner) {
+	case lockstore.IsReadOwner(owner):
 		return nil, errors.New("flightlock: AcquireAll takes write locks only, not read holds")
-	}
-	if sorted := slices.Sorted(slices.Values(keys)); len(slices.Compact(sorted)) != len(keys) {
+	case len(slices.Compact(slices.Sorted(slices.Values(keys)))) != len(keys):
 		return nil, errors.New("flightlock: duplicate key in AcquireAll")
 	}
 	if err := s.check(owner, ttl, keys...); err != nil {
@@ -722,10 +712,10 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 		case errors.Is(kaErr, errLeaseGone):
 			return lockstore.Acquisition{}, nil // the key went with its lease: nothing is held
 		case kaErr != nil: // added, but not reported: given back beside the caller
-			s.beside(func() { s.releaseBounded(context.WithoutCancel(ctx), key, owner, hold, 0) })
+			s.beside(ctx, func(ctx context.Context) { _, _ = s.release(ctx, key, owner, hold, 0) })
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, kaErr)
 		case time.Duration(secs)*time.Second < ttl:
-			s.beside(func() { s.releaseBounded(context.WithoutCancel(ctx), key, owner, hold, 0) })
+			s.beside(ctx, func(ctx context.Context) { _, _ = s.release(ctx, key, owner, hold, 0) })
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q for %v: its etcd lease lasts %ds", key, ttl, secs)
 		}
 		if !s.updateOn(kl, key, owner, func(e *heldKey) {

@@ -1,18 +1,17 @@
 // Package etcdstore keeps flightlock's locks in etcd: the lockstore.Store (and lockstore.Passer)
 // on go.etcd.io/etcd/client/v3, for endpoints where a double grant costs money even across a
 // failover. Raft keeps an acknowledged grant through a leader's death, and the cluster's
-// revision is a fence by construction (fence.go). New takes a *clientv3.Client that the caller
+// revision is a fence by construction (fenceShift). New takes a *clientv3.Client that the caller
 // owns; keys are full etcd keys (the Locker adds its prefix). docs/guarantees.md says how each
 // of flightlock's promises holds on etcd.
 //
 // # Exclusion
 //
-// A lock is one etcd key whose value names its owner token (lockValue); every acquisition is
-// one transaction. No write touches a key another owner holds: releases compare the exact
-// revision this store wrote or read, refreshes check the owner on a read after the call
-// started. Read holds (readwrite.go) and fair-line places (fair.go) live in the lock key's side
-// directory (sideDir); the store's own keys live under lockstore.FenceKeyPrefix, refused as
-// lock keys.
+// A lock is one etcd key whose value names its owner token (lockValue); every acquisition is one
+// transaction. No write touches a key another owner holds: releases compare the exact revision this
+// store wrote or read, refreshes check the owner on a read after the call started. Read holds and
+// fair-line places (readwrite.go) live in the lock key's side directory (sideDir); the store's own
+// keys live under lockstore.FenceKeyPrefix, refused as lock keys.
 //
 // # Leases and TTLs
 //

@@ -5,7 +5,7 @@ import (
 )
 
 // The bound the store gives the core must stay below what its fence derivation covers
-// (2<<fenceShift fences beyond a grant, fence.go): a change of fenceShift or of Capabilities
+// (2<<fenceShift fences beyond a grant): a change of fenceShift or of Capabilities
 // that breaks it fails here.
 func TestMaxHandoffsWithinTheFenceRoom(t *testing.T) {
 	got := (&Store{}).Capabilities().MaxHandoffs

@@ -48,13 +48,12 @@ func (in *Inspector) keyOf(full, pattern string, skip func(string) bool) (string
 
 // newInfo is the LockInfo of a grant at createRev that read the fence floor floor, TTL unread.
 func newInfo(key, full string, lease, createRev, modRev int64, marked bool, floor *mvccpb.KeyValue) lockstore.LockInfo {
+	d, _ := floorOffset(floor) // 0 for a floor that is not a fence: the next grant refuses it
 	l := lockstore.LockInfo{Key: key, StoreKey: full, TTL: lockstore.NoTTL, CreateRevision: createRev, ModRevision: modRev,
-		Contended: marked}
+		Contended: marked, Fence: createRev<<fenceShift + d}
 	if lease != 0 {
 		l.Lease = strconv.FormatInt(lease, 16)
 	}
-	d, _ := floorOffset(floor) // 0 for a floor that is not a fence: the next grant refuses it
-	l.Fence = createRev<<fenceShift + d
 	return l
 }
 
@@ -95,10 +94,9 @@ func (in *Inspector) leaseTTLs(ctx context.Context, locks []lockstore.LockInfo) 
 	return nil
 }
 
-// snapshot reads, in one transaction, the lock keys under the prefix (one: full alone) with
-// their marks, floors and side keys, and returns those keyOf lists, sorted by key: the first
-// limit (0: all) with their TTLs, how many more there are, and the revision read. One's lock
-// has its fence counter.
+// snapshot reads in one transaction the lock keys under the prefix (one: full alone, with its
+// fence counter) with their marks, floors and side keys, and returns those keyOf lists, sorted by
+// key: the first limit (0: all) with their TTLs, how many more there are, and the revision read.
 func (in *Inspector) snapshot(ctx context.Context, full string, one bool, keyOf func(string) (string, bool), limit int) ([]lockstore.LockInfo, int, int64, error) {
 	rng, side := []clientv3.OpOption{clientv3.WithPrefix()}, sidePrefix
 	if one {
@@ -190,9 +188,7 @@ func (c *sideCount) add(kind byte, kv *mvccpb.KeyValue) {
 	switch kind {
 	case sideRead:
 		c.readers++
-		if c.lease == 0 {
-			c.lease = kv.Lease
-		}
+		c.lease = cmp.Or(c.lease, kv.Lease)
 		c.createRev, c.modRev = max(c.createRev, kv.CreateRevision), max(c.modRev, kv.ModRevision)
 	case sidePlace:
 		c.queued++

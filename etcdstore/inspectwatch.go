@@ -81,9 +81,8 @@ func (w *etcdWatch) follow(ctx context.Context, rev int64) error {
 			return nil
 		case !ok:
 			return errors.New("etcd closed the watch")
-		}
-		if err := resp.Err(); err != nil {
-			return err
+		case resp.Err() != nil:
+			return resp.Err()
 		}
 		ends := make(leaseEnds) // a lease's end deletes all of its keys in one response
 		for _, ev := range resp.Events {
@@ -103,21 +102,15 @@ func (w *etcdWatch) follow(ctx context.Context, rev int64) error {
 func (w *etcdWatch) read(ctx context.Context, ended error) (int64, error) {
 	rctx, cancel := context.WithTimeout(ctx, w.timeout)
 	defer cancel()
-	var (
-		locks []lockstore.LockInfo
-		rev   int64
-		err   error
-	)
-	for backoff := resumeFirstBackoff; ; backoff = min(2*backoff, resumeMaxBackoff) {
-		if locks, _, rev, err = w.in.listed(rctx, w.pattern, w.skip, 0); err == nil {
-			break
-		}
+	locks, _, rev, err := w.in.listed(rctx, w.pattern, w.skip, 0)
+	for backoff := resumeFirstBackoff; err != nil; backoff = min(2*backoff, resumeMaxBackoff) {
 		if ended == nil {
 			return 0, err // the first read is not made again
 		}
 		if !sleep(rctx.Done(), backoff) {
 			return 0, fmt.Errorf("resume the watch (it ended: %v): %w", ended, err)
 		}
+		locks, _, rev, err = w.in.listed(rctx, w.pattern, w.skip, 0)
 	}
 	now := make(map[string]lockstore.LockInfo, len(locks))
 	for _, l := range locks {
@@ -242,14 +235,109 @@ func (w *etcdWatch) marked(ev *clientv3.Event) {
 		return
 	}
 	l, seen := w.held[key]
-	if seen && l.Contended {
+	switch {
+	case seen && l.Contended:
 		return
-	}
-	if seen {
+	case seen:
 		l.Contended = true
 		w.held[key] = l
-	} else {
+	default:
 		l = lockstore.LockInfo{Key: key, StoreKey: full, TTL: lockstore.NoTTL, Contended: true}
 	}
 	w.emit(lockstore.EventContended, l)
+}
+
+// rewatchPause is Store.Watch's pause before it watches again (the waiter, signalled, retries).
+const rewatchPause = 100 * time.Millisecond
+
+// Watch implements lockstore.Store: one goroutine's etcd watches signal each deletion of key (a
+// release or an expiry) and of any key in its side directory (a read hold's end, which a writer
+// waits for; a place leaving the line), from this store's last busy reply for key, so that no
+// release in between is missed. When etcd ends the watch (no leader, compaction), the channel is
+// signalled and the watch starts again. It ends with ctx, its Close, or the store's.
+func (s *Store) Watch(ctx context.Context, key string) (*lockstore.Watch, error) {
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	rev := s.waitRev[key]
+	delete(s.waitRev, key)
+	s.mu.Unlock()
+	if rev > 0 {
+		rev++ // the first revision after the one that found the key held
+	}
+	c := make(chan struct{}, 1)
+	wctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.ctx, cancel) // Close of the store ends it too
+	if !s.spawn(func() {
+		defer stop()
+		defer cancel()
+		s.watch(wctx, key, rev, c)
+	}) {
+		stop()
+		cancel()
+		return nil, errStoreClosed
+	}
+	if rev == 0 {
+		// No busy reply to start from: a release before now may have gone unheard.
+		return lockstore.NewFreshWatch(c, cancel), nil
+	}
+	return lockstore.NewWatch(c, cancel), nil
+}
+
+// watch signals c on each deletion of key or of a key in its side directory from revision rev
+// (0: from now) until ctx ends.
+func (s *Store) watch(ctx context.Context, key string, rev int64, c chan struct{}) {
+	signal := func() {
+		select {
+		case c <- struct{}{}:
+		default: // one pending wake-up is enough
+		}
+	}
+	// A member without a leader cannot tell deletions: it ends the watch rather than go silent.
+	lctx := clientv3.WithRequireLeader(ctx)
+	revs := [2]int64{rev, rev} // where the watches of key and of its side directory go on (0: now)
+	for {
+		rctx, cancel := context.WithCancel(lctx)
+		watches := [2]clientv3.WatchChan{
+			s.cli.Watch(rctx, key, clientv3.WithFilterPut(), clientv3.WithRev(revs[0])),
+			s.cli.Watch(rctx, sideDir(key), clientv3.WithFilterPut(), clientv3.WithRev(revs[1]), clientv3.WithPrefix()),
+		}
+		for {
+			resp, i, ok := nextOf(nil, watches)
+			if !ok {
+				break // a cancelled watch is followed by the channel's close: both start again
+			}
+			if resp.CompactRevision != 0 {
+				revs[i] = 0 // deletions up to the compaction are unknown: assume one
+				signal()
+			}
+			for _, ev := range resp.Events {
+				if ev.Type == clientv3.EventTypeDelete {
+					signal()
+				}
+				revs[i] = ev.Kv.ModRevision + 1
+			}
+		}
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		signal() // etcd ended the watch: the key may have been released meanwhile
+		if !sleep(ctx.Done(), rewatchPause) {
+			return
+		}
+	}
+}
+
+// nextOf receives the next response of either watch of ws, and which one sent it; ok is false
+// when that watch is closed, or when done is closed first (a nil done never is).
+func nextOf(done <-chan struct{}, ws [2]clientv3.WatchChan) (resp clientv3.WatchResponse, i int, ok bool) {
+	select {
+	case <-done:
+	case resp, ok = <-ws[0]:
+	case resp, ok = <-ws[1]:
+		i = 1
+	}
+	return resp, i, ok
 }

@@ -171,16 +171,14 @@ func (s *Store) revokeIfUnusedLocked(l *lease) {
 // unlists l, so the next call tries again.
 func (s *Store) grant(ctx context.Context, l *lease) {
 	defer close(l.ready)
-	ttl := l.ttl
-	secs := int64((ttl + s.margin) / time.Second)
-	sent := time.Now()
+	secs, sent := int64((l.ttl+s.margin)/time.Second), time.Now()
 	resp, err := s.cli.Grant(ctx, secs)
 	if err == nil && (resp.TTL != secs || s.isClosed()) {
 		_ = s.revoke(context.Background(), resp.ID)
 		if resp.TTL != secs {
 			// etcd raises a TTL below its minimum (1.5 election timeouts) without an error.
 			l.err = fmt.Errorf("flightlock: etcd granted a lease of %ds when asked for %ds (lock TTL %v + margin %v): "+
-				"its minimum lease TTL is higher, so this lock TTL cannot be honoured", resp.TTL, secs, ttl, s.margin)
+				"its minimum lease TTL is higher, so this lock TTL cannot be honoured", resp.TTL, secs, l.ttl, s.margin)
 			return
 		}
 		err = errStoreClosed
@@ -257,8 +255,7 @@ func (s *Store) keepAliveLoop() {
 }
 
 // ownKeepAlive is a keep-alive of l sent at or after t (none if one succeeded already), after
-// which l lives at least its TTL from t. Callers that queue while one is on the wire share the
-// next.
+// which l lives at least its TTL from t. Callers queued while one is on the wire share the next.
 func (s *Store) ownKeepAlive(l *lease, t time.Time) *keepAlive {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -278,9 +275,8 @@ func (s *Store) queueLocked(l *lease) *keepAlive {
 	}
 	r := l.next
 	if !l.sending {
-		l.sending = true
-		if !s.spawn(func() { s.sendKeepAlives(l) }) {
-			l.sending = false
+		// The sender waits for l.mu, held here, before it reads sending or next.
+		if l.sending = s.spawn(func() { s.sendKeepAlives(l) }); !l.sending {
 			l.next = nil
 			r.err = errStoreClosed
 			close(r.done)
@@ -294,13 +290,11 @@ func (s *Store) sendKeepAlives(l *lease) {
 	for {
 		l.mu.Lock()
 		r := l.next
-		l.next = nil
+		l.next, l.sending = nil, r != nil
+		l.mu.Unlock()
 		if r == nil {
-			l.sending = false
-			l.mu.Unlock()
 			return
 		}
-		l.mu.Unlock()
 
 		sent := time.Now()
 		// Bounded by resendAfter: one sent to a silent member would hold every caller queued

@@ -74,8 +74,7 @@ func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []err
 		if errs[i] != nil {
 			continue
 		}
-		ka := kas[clientv3.LeaseID(kvs[holdKey(r.Key, r.Owner)].Lease)]
-		secs, err := ka.wait(ctx)
+		secs, err := kas[clientv3.LeaseID(kvs[holdKey(r.Key, r.Owner)].Lease)].wait(ctx)
 		switch {
 		case errors.Is(err, errLeaseGone):
 			s.forget(r.Key, r.Owner)
@@ -167,10 +166,8 @@ func (k *keepAlive) join() {
 // transaction that fails sets the error of each of its keys.
 func (s *Store) readKeys(ctx context.Context, keys []string) (map[string]*mvccpb.KeyValue, map[string]error) {
 	kvs, errs := make(map[string]*mvccpb.KeyValue, len(keys)), make(map[string]error)
-	var (
-		mu sync.Mutex
-		wg sync.WaitGroup
-	)
+	var mu sync.Mutex // guards kvs and errs
+	var wg sync.WaitGroup
 	for chunk := range slices.Chunk(keys, s.maxTxnOps) {
 		wg.Go(func() {
 			ops := make([]clientv3.Op, len(chunk))

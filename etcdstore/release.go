@@ -101,11 +101,9 @@ func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence 
 	}()
 	for {
 		if read == nil {
-			resp, err := s.cli.Txn(ctx).Then(reads...).Commit()
-			if err != nil {
+			if read, err = s.cli.Txn(ctx).Then(reads...).Commit(); err != nil {
 				return 0, fmt.Errorf("flightlock: release %q: %w", key, err)
 			}
-			read = resp
 		}
 		kv, floor := firstKV(read.Responses[0]), firstKV(read.Responses[1])
 		read = nil
@@ -159,9 +157,8 @@ func (s *Store) atRevision(ctx context.Context, key string, rev int64, then, els
 	return s.cli.Txn(ctx).If(append(cmps, more...)...).Then(then...).Else(els...).Commit()
 }
 
-// releaseOps are the writes that release hold ("": the owner's own) from the value v read in
-// kv: the value without it, or, no hold left (left false), the key's deletion. Other processes'
-// holds left alone move off the session lease onto *moved, granted here once per release.
+// releaseOps are the writes of one round of Release's rewrite of hold ("": the owner's own) from
+// the value v read in kv; left reports a hold left, and *moved is granted here once per release.
 func (s *Store) releaseOps(ctx context.Context, key, owner, hold string, lastFence int64, v lockValue, kv, floor *mvccpb.KeyValue, moved *clientv3.LeaseID) (ops []clientv3.Op, left bool, err error) {
 	nv, left := v.withoutHold(hold)
 	e, _ := s.entry(key, owner)
@@ -261,7 +258,7 @@ func (s *Store) releaseBounded(ctx context.Context, key, owner, hold string, las
 // Pass implements lockstore.Passer. The turn of a lock this store acquired, that no other
 // process re-entered and nobody was refused while held (no waiter mark) goes on under the same
 // grant: the lock is refreshed, and the next local grant gets the fence after every fence
-// handed out under it (fence.go), for a read-only transaction and the refresh instead of two
+// handed out under it (fenceShift), for a read-only transaction and the refresh instead of two
 // Raft writes. Pass releases as Release does when the lock is marked, re-entered or not this
 // store's, when the grant has used half its fence room (so the next turn's handoffs still
 // fit), or when it followed a refusal of this store (contended).
@@ -283,10 +280,9 @@ func (s *Store) Pass(ctx context.Context, key, owner string, ttl time.Duration, 
 				if err := s.Refresh(ctx, key, owner, ttl); err != nil {
 					return false, 0, 0, err
 				}
-				next := top + 1
 				// The store reports it on release, so that the floor covers it (deleteOps).
-				s.update(key, owner, func(e *heldKey) { e.last = max(e.last, next) })
-				return true, next, 0, nil
+				s.update(key, owner, func(e *heldKey) { e.last = max(e.last, top+1) })
+				return true, top + 1, 0, nil
 			}
 		}
 	}

@@ -118,11 +118,8 @@ func (s *responses) put(ctx context.Context, k, v string, lease clientv3.LeaseID
 		Then(put).
 		Else(clientv3.OpTxn(valueIn(k, "{", "|"), replace, nil)).
 		Commit()
-	if err != nil {
+	if err != nil || resp.Succeeded {
 		return err
-	}
-	if resp.Succeeded {
-		return nil
 	}
 	if len(resp.Responses) == 1 {
 		if rec := resp.Responses[0].GetResponseTxn(); rec != nil {

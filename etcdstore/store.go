@@ -1,6 +1,7 @@
 package etcdstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -194,11 +195,16 @@ func (s *Store) spawn(f func()) bool {
 	return true
 }
 
-// beside runs f, a bounded clean-up, on a goroutine of the store (Close waits for it), so that
-// its caller returns by its deadline; on a closed store, in line.
-func (s *Store) beside(f func()) {
-	if !s.spawn(f) {
-		f()
+// beside runs f, a clean-up, on a goroutine of the store (Close waits for it; in line once closed)
+// so that its caller returns by its deadline: f runs on ctx without its end, bounded by a second.
+func (s *Store) beside(ctx context.Context, f func(ctx context.Context)) {
+	g := func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		f(ctx)
+	}
+	if !s.spawn(g) {
+		g()
 	}
 }
 
@@ -292,14 +298,12 @@ func (s *Store) noteBusy(key string, rev int64) {
 // check is lockstore.CheckArgs of each key, then etcd's own refusals: a key among the store's
 // own keys, a TTL of a fraction of a second, and any call after Close.
 func (s *Store) check(owner string, ttl time.Duration, keys ...string) error {
+	var fraction error // a TTL etcd cannot honour
+	if ttl%time.Second != 0 {
+		fraction = fmt.Errorf("flightlock: etcd leases last whole seconds: a lock TTL of %v cannot be honoured", ttl)
+	}
 	for _, key := range keys {
-		if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
-			return err
-		}
-		if ttl%time.Second != 0 {
-			return fmt.Errorf("flightlock: etcd leases last whole seconds: a lock TTL of %v cannot be honoured", ttl)
-		}
-		if err := checkKey(key); err != nil {
+		if err := cmp.Or(lockstore.CheckArgs(key, owner, ttl), fraction, checkKey(key)); err != nil {
 			return err
 		}
 	}

@@ -81,14 +81,13 @@ func (e Conf) Open(prefix string) (*lockstore.Backend, error) {
 
 // Validate implements lockstore.Driver: the settings of e when it names a cluster.
 func (e Conf) Validate(section, prefix string) []error {
-	var ps []error
 	if !e.Configured() {
 		if e.User != "" || e.Pass != "" || e.CertFile != "" || e.CertKeyFile != "" || e.CACertFile != "" {
-			ps = append(ps, lockstore.FieldError(section+".Hosts", "is empty, but the Etcd section sets other fields: an etcd store with no hosts"))
+			return []error{lockstore.FieldError(section+".Hosts", "is empty, but the Etcd section sets other fields: an etcd store with no hosts")}
 		}
-		return ps
+		return nil
 	}
-	ps = append(ps, lockstore.HostErrors(section+".Hosts", e.Hosts)...)
+	ps := lockstore.HostErrors(section+".Hosts", e.Hosts)
 	if first, _, _ := strings.Cut(e.KeyPrefix(prefix), "/"); strings.HasSuffix(first, ".rpc") {
 		ps = append(ps, lockstore.FieldError(section+".Key", "%q puts the locks under %q, a zrpc service's discovery key by goctl's naming: "+
 			"its clients would dial every lock as a server address; keep the locks under a name of their own, "+
@@ -142,11 +141,10 @@ func (e Conf) Client() (*clientv3.Client, error) {
 	}
 	// Error level: etcd's retry interceptor warns of every call whose context ended (each lock
 	// wait a request gives up), and the store returns those errors.
-	lg, err := logutil.CreateDefaultZapLogger(zapcore.ErrorLevel)
-	if err != nil {
+	var err error
+	if cfg.Logger, err = logutil.CreateDefaultZapLogger(zapcore.ErrorLevel); err != nil {
 		return nil, err
 	}
-	cfg.Logger = lg
 	if e.User != "" && e.Pass != "" {
 		cfg.Username, cfg.Password = e.User, e.Pass
 	}
@@ -172,12 +170,9 @@ func (e Conf) Client() (*clientv3.Client, error) {
 	}
 	cli, err := clientv3.New(cfg)
 	if err != nil {
-		if cfg.TLS != nil {
-			// The client reports only a failed handshake's timeout: ask the first member for
-			// the cause.
-			if cause := tlsHandshakeError(hosts[0], cfg.TLS, min(cfg.DialTimeout, 2*time.Second)); cause != nil {
-				return nil, fmt.Errorf("flightlock: etcd connect error, hosts %v: %w (TLS with %s: %v)", hosts, err, hosts[0], cause)
-			}
+		// The client reports only a failed handshake's timeout: the first member tells why.
+		if cause := tlsHandshakeError(hosts[0], cfg.TLS, min(cfg.DialTimeout, 2*time.Second)); cause != nil {
+			return nil, fmt.Errorf("flightlock: etcd connect error, hosts %v: %w (TLS with %s: %v)", hosts, err, hosts[0], cause)
 		}
 		return nil, fmt.Errorf("flightlock: etcd connect error, hosts %v: %w", hosts, err)
 	}
@@ -186,21 +181,18 @@ func (e Conf) Client() (*clientv3.Client, error) {
 
 // tlsHandshakeError runs the TLS handshake with the etcd endpoint host within d as the client
 // would, and reads once, so that a client certificate refused after it (TLS 1.3) shows too; nil
-// when no error came in time.
+// when no error came in time, or when conf is nil (no TLS).
 func tlsHandshakeError(host string, conf *tls.Config, d time.Duration) error {
 	addr := host
 	if u, err := url.Parse(host); err == nil && u.Host != "" {
 		addr = u.Host
 	}
 	name, _, err := net.SplitHostPort(addr)
-	if err != nil {
+	if err != nil || conf == nil {
 		return nil
 	}
 	c := conf.Clone()
-	if c.ServerName == "" {
-		c.ServerName = name
-	}
-	c.NextProtos = []string{"h2"}
+	c.ServerName, c.NextProtos = cmp.Or(c.ServerName, name), []string{"h2"}
 	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: d}, "tcp", addr, c)
 	if err != nil {
 		return err
