@@ -208,8 +208,10 @@ func readEnsemble(cfg Config) ensemble {
 			continue // "conf is not executed because it is not in the whitelist", or a stranger
 		}
 		millis := func(name string) time.Duration { // 0 when absent or not a positive number
-			n, _ := strconv.ParseInt(conf[name], 10, 64)
-			return time.Duration(max(n, 0)) * time.Millisecond
+			if n, err := strconv.ParseInt(conf[name], 10, 64); err == nil && n > 0 {
+				return time.Duration(n) * time.Millisecond
+			}
+			return 0
 		}
 		sync, _ := strconv.ParseInt(conf["syncLimit"], 10, 64) // absent when standalone: no follower
 		ens.tick, ens.syncLimit, ens.fromServer = time.Duration(tick)*time.Millisecond, int(sync), h
