@@ -13,10 +13,10 @@ import (
 	"github.com/flightlock/flightlock/middleware/internal/sharehook"
 )
 
-// replaySet refuses to replace the stored response of a later grant (a larger fence) and
+// save refuses to replace the stored response of a later grant (a larger fence) and
 // replaces one of an earlier grant: the save of a holder that lost its lock after lead looked
 // cannot overwrite its successor's.
-func TestReplaySetKeepsTheLaterGrantsRecord(t *testing.T) {
+func TestSaveKeepsTheLaterGrantsRecord(t *testing.T) {
 	mr := miniredis.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), Protocol: 2, DisableIdentity: true})
 	defer client.Close()
