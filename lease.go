@@ -87,9 +87,10 @@ func (x *Lease) reads() bool { return x.read || x.h.reads() }
 // Key returns the locked store key, prefix included.
 func (x *Lease) Key() string { return x.h.key }
 
-// Owner returns the owner token, with which another process can re-enter the lock while it is held;
-// the lock is then released through the store, never handed to a local goroutine. It returns "" for
-// a read lock, and once the lease was released (the token may then be another local grant's).
+// Owner returns the owner token, with which another process can re-enter the lock while it is held.
+// Calling it marks the grant shared: it is then released through the store, never handed to a local
+// waiter. It returns "" for a read lock, and once the lease was released (the token may then be
+// another local grant's).
 func (x *Lease) Owner() string {
 	x.h.mu.Lock()
 	defer x.h.mu.Unlock()
@@ -164,8 +165,9 @@ func (x *Lease) endLocked(cause error) {
 	}
 }
 
-// Lost reports whether the lock was lost while this unreleased lease held it (a renewal refused,
-// or too late); its context then ends with ErrLost unless it had ended with another cause.
+// Lost reports whether the lock was lost while this lease held it (a renewal refused, or too
+// late); its context then ends with ErrLost unless it had ended with another cause. It reports
+// false once the lease is released, even if it was lost before: check it before Release.
 func (x *Lease) Lost() bool {
 	x.h.mu.Lock()
 	defer x.h.mu.Unlock()

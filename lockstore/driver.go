@@ -9,7 +9,7 @@ import (
 )
 
 // Driver is a store's configuration section (Lock.Redis, ...), owned by the store's package;
-// the go-zero layer validates and opens every section through it, as database/sql a driver.
+// the go-zero layer validates and opens every section through it, as database/sql does its drivers.
 type Driver interface {
 	// Name is the store's name in rules and metrics: "redis", "etcd", "zookeeper".
 	Name() string
@@ -55,9 +55,11 @@ type Backend struct {
 	Inspector Inspector
 	// Responses keeps share rules' responses under Prefix; nil if the store cannot (ZooKeeper).
 	Responses ResponseStore
-	// Close closes the store and the client Open built; nil for a store given in Go.
+	// Close closes the store and the client Open built; nil for a store given in Go, which its
+	// owner closes.
 	Close func() error
-	// CloseEndsHolds: Close ends the locks held at once (ZooKeeper), not left to their TTL.
+	// CloseEndsHolds reports that Close ends the held locks at once (ZooKeeper) instead of
+	// leaving them to their TTL.
 	CloseEndsHolds bool
 }
 

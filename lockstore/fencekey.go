@@ -99,9 +99,10 @@ func SideKey(kind, k string) string {
 // ownSlotTag is a hash tag, "{<number>}", of k's Redis Cluster hash slot: FenceKey's.
 func ownSlotTag(k string) string { return FenceKey(k)[len(FenceKeyPrefix):] }
 
-// PermitKey names permit i (1 <= i <= n) of a semaphore whose first permit is lock key k: k,
-// else k, "#" and what keeps it in k's Redis Cluster slot (for one script call): "k#i" for a
-// tagged k, "k#{<tag>}i" for one without "{", "k#i" (slots split) if its "{" opens no tag. A
+// PermitKey names permit i (1 <= i <= n) of a semaphore whose first permit is lock key k.
+// Permit 1 is k itself; the others are k, "#", a part that keeps them in k's Redis Cluster slot
+// (for one script call), and i: "k#i" for a tagged k, "k#{<tag>}i" for a k without "{", and
+// "k#i" (slots split) for a k whose "{" opens no tag. A
 // caller doubling each "#" of its keys (the Locker) keeps permit keys distinct from all others:
 // only they have a lone "#", and the "{" after it, or its absence, says which form it is.
 func PermitKey(k string, i int) string {

@@ -17,7 +17,8 @@ type Inspector interface {
 	List(ctx context.Context, pattern string, opts ListOptions) (locks []LockInfo, more int, err error)
 	// Lookup reads one lock in full, with its fence counter; ErrNotHeld (wrapped) if absent.
 	Lookup(ctx context.Context, key string) (LockInfo, error)
-	// ForceUnlock removes grant l (as read), whatever its holds, waking waiters as Release does.
+	// ForceUnlock removes grant l (as read), whatever its holds, waking waiters as Release does;
+	// notified is what Release reports for the same deletion.
 	// If the key holds another grant now: nothing (a *ChangedError); the operator chose a holder.
 	ForceUnlock(ctx context.Context, l LockInfo) (notified int, err error)
 	// Watch reports to fn, one at a time on the calling goroutine, EventWatching with the locks

@@ -36,8 +36,9 @@ type Acquisition struct {
 	More []PermitGrant
 	// HolderTTL is the holder's time left when not acquired (with Permits, the busy keys' least).
 	HolderTTL time.Duration
-	// Holder is the holder's Request.Meta if not acquired (its trace id tells a nested call);
-	// with Permits if acquired, a busy permit's passed over, to show holders of another kind.
+	// Holder is the holder's Request.Meta if not acquired, "" if it stored none (its trace id
+	// tells a nested call). With Permits it is also set when acquired: the Meta of a busy permit
+	// passed over, so that holders of another kind show while permits are still free.
 	Holder string
 }
 
@@ -74,9 +75,9 @@ type Request struct {
 // made. The zero value is a store without limits that watches each key on its own.
 type Capabilities struct {
 	Name string // as rules and metrics spell it: "redis", "etcd", "zookeeper"
-	// MaxHandoffs bounds the handoffs under one grant (0: none), fenced grant+1, grant+2, ...,
-	// which the next grant must exceed even if the holder died unreporting (etcd leaves 2^20
-	// fences per grant, ZooKeeper 2^16). New refuses a WithHandoff above it.
+	// MaxHandoffs bounds the handoffs under one grant (0: no bound), fenced grant+1, grant+2,
+	// ..., which the next grant must exceed even if the holder died without reporting the last
+	// (etcd leaves 2^20 fences per grant, ZooKeeper 2^16). New refuses a WithHandoff above it.
 	MaxHandoffs int
 	// MaxTTL is the longest lock TTL kept (0: no bound); MaxTTLReason ends the refusal "a lock
 	// TTL of 20s is longer than " + MaxTTLReason: what keeps it and what to do.
@@ -136,7 +137,8 @@ func (c Capabilities) CheckTTL(ttl time.Duration) error {
 }
 
 // Store is what flightlock needs from a lock backend (differences: Capabilities), safe for
-// concurrent use, on full keys (prefix included) and opaque space-free owners; see storetest.
+// concurrent use, on full keys (prefix included) and opaque space-free owners. The conformance
+// suite that checks one is internal to this module (docs/stores.md).
 type Store interface {
 	// Capabilities describes the store; it does not change after the store is made.
 	Capabilities() Capabilities
@@ -223,7 +225,8 @@ type Renewal struct {
 }
 
 // Passer is a Store that can keep a lock in its holder's process at a turn's end (WithHandoff)
-// in one round trip, unless a waiter elsewhere asked meanwhile (told atomically: so optional).
+// in one round trip, unless a waiter elsewhere asked meanwhile. It is optional because the store
+// must tell that atomically with the turn's end.
 type Passer interface {
 	// Pass ends a turn of owner's lock on key. If owner's acquisition is its only hold and none
 	// was refused meanwhile, it keeps the lock at least ttl more: kept, with a new fence above

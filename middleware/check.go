@@ -123,8 +123,15 @@ func nearRoute(rl *rule, routes []rest.Route) (rest.Route, bool) {
 }
 
 // CheckMethods reports the first rule with an RPC that names no method in info, as
-// grpc.Server.GetServiceInfo returns it once the services are registered: with zrpc, at the
-// end of the function that registers them (Register does so). REST rules are CheckRoutes'.
+// grpc.Server.GetServiceInfo returns it once the services are registered; with zrpc, check at
+// the end of the function that registers them (or use Register):
+//
+//	s := zrpc.MustNewServer(c.RpcServerConf, func(gs *grpc.Server) {
+//		pb.RegisterInventoryServer(gs, server.NewInventoryServer(ctx))
+//		logx.Must(mw.CheckMethods(gs.GetServiceInfo()))
+//	})
+//
+// Rules that name only a REST route are left to CheckRoutes.
 func (m *Middleware) CheckMethods(info map[string]grpc.ServiceInfo) error {
 	for _, cr := range m.rules {
 		full := cr.spec.RPC
@@ -176,8 +183,9 @@ func nearMethod(field, full string, info map[string]grpc.ServiceInfo) error {
 // Register wraps the function that registers a zrpc server's services (zrpc.MustNewServer's second
 // argument). Once they are registered, it stops the service as MustNew does when a rule names an
 // RPC the server does not serve, or the server's chain lacks the interceptor (unary or stream) the
-// rule's method needs, which a probe service finds out (interceptorProbe; when another interceptor,
-// such as zrpc's Auth, refuses the probe first, the interceptors built with this Middleware count).
+// rule's method needs, which it finds out by registering a service flightlock.InterceptorProbeN
+// and calling it once in process (when another interceptor, such as zrpc's Auth, refuses the
+// probe first, the interceptors built with this Middleware count).
 //
 //	s := zrpc.MustNewServer(c.RpcServerConf, mw.Register(func(gs *grpc.Server) {
 //		pb.RegisterInventoryServer(gs, server.NewInventoryServer(ctx))

@@ -89,10 +89,11 @@ func answerOf(err error) (answer, bool) {
 	return answer{}, false
 }
 
-// GRPCStatus returns the gRPC status that the interceptors answer for err, the code of HTTPStatus's
-// row: Aborted for ErrBusy (with a RetryInfo detail: how long the key likely stays busy, a second
-// when unknown), InvalidArgument, Internal, Unavailable, Canceled or DeadlineExceeded. Any other
-// error gets status.Convert's, so GRPCStatus(err).Err() is never nil for a non-nil err.
+// GRPCStatus returns the gRPC status that the interceptors answer for err: Aborted for ErrBusy
+// (with a RetryInfo detail: how long the key likely stays busy, a second when unknown),
+// InvalidArgument for ErrInvalidKey, Internal for ErrConfig, Unavailable for an unreachable store
+// and for ErrClosed, Canceled and DeadlineExceeded for the context's errors. Any other error gets
+// status.Convert's, so GRPCStatus(err).Err() is never nil for a non-nil err.
 func GRPCStatus(err error) *status.Status {
 	if errors.Is(err, ErrNestedLock) {
 		msg := "flightlock: " + ErrNestedLock.Error()

@@ -370,8 +370,8 @@ type drainer struct {
 }
 
 // Shutdown drains the Middleware once, for LockConf.Drain or until ctx ends, then closes the stores
-// it built. Handlers still running then have their contexts cancelled and a second more to return,
-// so it may return a second after ctx ends; another call meanwhile waits while its ctx lets it.
+// it built. Handlers still running then have their contexts cancelled and up to a second more to
+// return, so it may return up to a second after ctx ends; another call meanwhile waits while its ctx lets it.
 // Locks still held then are not released, as their handlers may run: they run out with their TTL
 // (on ZooKeeper, the session) once the process exits. go-zero's shutdown listeners call it (New
 // registers one); call it where the service stops otherwise.

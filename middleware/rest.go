@@ -35,7 +35,8 @@ func (m *Middleware) Route(rule Rule) (rest.Middleware, error) {
 	return m.route("Route", rules.Spec{Rule: rule, Field: "Rule"})
 }
 
-// MustRoute is Route for start-up code (goctl's NewServiceContext): a bad rule stops the service.
+// MustRoute is Route for start-up code (goctl's NewServiceContext): a bad rule stops the service
+// as MustNew does (one line naming the field, exit 1).
 func (m *Middleware) MustRoute(rule Rule) rest.Middleware {
 	mw, err := m.Route(rule)
 	mustStart(err)
@@ -97,7 +98,8 @@ func (m *Middleware) Named(name string) (rest.Middleware, error) {
 	return m.groupMiddleware(crs), nil
 }
 
-// MustNamed is Named for goctl's NewServiceContext: an unknown name stops the service.
+// MustNamed is Named for goctl's NewServiceContext: an unknown name stops the service as MustNew
+// does (one line naming the field, exit 1).
 func (m *Middleware) MustNamed(name string) rest.Middleware {
 	mw, err := m.Named(name)
 	mustStart(err)

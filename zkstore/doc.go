@@ -6,7 +6,8 @@
 // Every key is one persistent node under the root, named by nodeName (never a "/"), whose data
 // is a hash of the owner token (the token would let any reader of the tree re-enter the lock),
 // the holder's metadata, and " ~" once someone was refused. The holds are ephemeral children on
-// the holder's session, named for their owner (ownPre, borrowPre, readerPre). A key node
+// the holder's session, named for their owner: "o-<hash>" for the acquisition, "b-<hash>-<name>"
+// for each re-entry from another process, "r-<hash>" for each read hold. A key node
 // deleted and created again has the same data version, so only a hold's name tells one
 // grant's node from the next: every release, renewal, re-entry and busy mark names a hold of
 // the grant it read, and fails on a node the key got since.

@@ -373,7 +373,8 @@ func (s *RedisStore) Release(ctx context.Context, key, owner, hold string, lastF
 	return n, err
 }
 
-// Pass implements lockstore.Passer, never keeping the lock WithReplicas (it would need a WAIT).
+// Pass implements lockstore.Passer. With WithReplicas it never keeps the lock: a kept lock would
+// need a WAIT of its own.
 func (s *RedisStore) Pass(ctx context.Context, key, owner string, ttl time.Duration, lastFence int64) (bool, int64, int, error) {
 	if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
 		return false, 0, 0, err

@@ -19,7 +19,8 @@ var ErrNotReplicated = errors.New("flightlock: write not acknowledged by enough 
 // WithReplicas makes a write that grants or extends a lock (Acquire, Reenter, Refresh) count
 // only once n replicas acknowledged it within timeout (a WAIT after the script, in one pipeline
 // to the key's primary). An acquisition a failover could lose is released again and returns
-// ErrNotReplicated; so does a refresh, the lease keeping its last acknowledged write's validity.
+// ErrNotReplicated. A refresh without the acknowledgements returns ErrNotReplicated, and the
+// lease keeps its last acknowledged write's validity.
 // Releases do not wait: one lost in a failover leaves the key to its TTL, delaying the next
 // holder but never admitting two. WAIT is per connection, so these calls take one each, outside
 // the batches. n is at most the primary's replicas (<= 0, the default: off); on a Cluster, of

@@ -75,7 +75,8 @@ var HTTPMethods = []string{
 // loader fills them, and New and Validate fill the zero fields of a LockConf built in Go from
 // them (never a bool: false is a value). OnStoreError, Redis.Type, Redis.MaintNotifications,
 // Retry.Backoff and a rule's OnBusy, Mode, Method, Store and OnStoreError match in any case; the
-// tags have no options=, with which go-zero would refuse a bad value case-sensitively, unnamed.
+// tags have no options=, with which go-zero would refuse a bad value case-sensitively without
+// naming the field; Validate names it.
 type LockConf struct {
 	// Redis is the shared Redis; without a Host, an embedded in-memory one that only this
 	// Middleware sees, refused in go-zero's pre and pro modes (WithServiceMode).
@@ -102,9 +103,10 @@ type LockConf struct {
 	// PropagateTo names the downstream zrpc methods that receive the owners of the request's
 	// locks: full methods ("/balance.Balance/Debit") or services ("/balance.Balance/").
 	PropagateTo []string `json:",optional"`
-	// OwnerSecret signs the owners sent, and TrustOwner accepts only those: one for a whole chain.
+	// OwnerSecret, when set, signs the owners sent, and TrustOwner accepts only those; every
+	// service of a chain sets the same.
 	OwnerSecret string `json:",optional"`
-	// Drain is Middleware.Shutdown's grace period: below Shutdown.WaitTime minus WrapUpTime.
+	// Drain is Middleware.Shutdown's grace period; keep it below Shutdown.WaitTime minus WrapUpTime.
 	Drain time.Duration `json:",default=3s"`
 	// TraceKeys puts a request's rendered keys (user ids...) in its lock span: flightlock.keys.
 	TraceKeys bool `json:",optional"`
@@ -206,7 +208,8 @@ type Rule struct {
 	// then answers 409 / Aborted; "reject" answers so at once; "share" gets the holder's response.
 	OnBusy string `json:",default=wait"`
 	// Replay is how long a share rule stores a response of the ReplayStatus classes, up to
-	// ReplayMaxBytes, for later duplicates; other rules refuse these three but at their defaults.
+	// ReplayMaxBytes, for later duplicates. On other rules, a value of these three other than the
+	// default is refused.
 	Replay         time.Duration `json:",default=10s"`
 	ReplayStatus   string        `json:",default=2xx"`
 	ReplayMaxBytes int           `json:",default=65536"`

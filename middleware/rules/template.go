@@ -77,7 +77,8 @@ type TemplateKey struct {
 	lits  []string // the literal text around the references: one more than Refs
 }
 
-// Namespace is the literal text of k before its first reference: "acct:" for "acct:{id}".
+// Namespace is the literal text of k before its first reference: "acct:" for "acct:{id}", ""
+// for a key that starts with a reference.
 func (k TemplateKey) Namespace() string {
 	ns, _, _ := strings.Cut(k.Shape, "{}")
 	return ns
