@@ -98,38 +98,22 @@ func TestShareDuplicateCallAbortsWithinWait(t *testing.T) {
 // the leader's context would answer every duplicate 409 at once): a duplicate still there leads
 // the next run, which runs the handler once, for that duplicate.
 func TestShareLeaderLeavingFailsNoDuplicate(t *testing.T) {
-	tr := newTestRedis(t)
-	m := newMiddleware(t, tr, LockConf{Rules: []Rule{shareRuleWaiting(5 * time.Second)}})
 	var runs atomic.Int32
-	handler := func(w http.ResponseWriter, r *http.Request) {
+	s, tr := payServer(t, func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write([]byte("paid"))
-	}
-	s := serverless(t, restConf(t, 10*time.Second), m, []rest.Route{{Method: http.MethodPost, Path: "/pay", Handler: handler}})
-
+	})
 	// Another process holds the key for 400ms: the leader waits for it, the follower joins.
 	holder := holdKey(t, tr, "pay:u1:k1")
 	go func() {
 		time.Sleep(400 * time.Millisecond)
 		_ = holder.Release(context.Background())
 	}()
-	lctx, cancelLeader := context.WithCancel(context.Background())
-	leader := make(chan int, 1)
-	go func() { leader <- serve(s, payRequest("u1", "k1", `{}`).WithContext(lctx)).Code }()
-	time.Sleep(100 * time.Millisecond) // the leader waits for the lock
-	follower := make(chan *httptest.ResponseRecorder, 1)
-	go func() { follower <- serve(s, payRequest("u1", "k1", `{}`)) }()
-	time.Sleep(100 * time.Millisecond) // the follower joined the leader's flight
-	start := time.Now()
-	cancelLeader() // the leader's client goes away
-	<-leader
-
-	w := <-follower
-	if w.Code != http.StatusOK {
-		t.Errorf("the duplicate whose own client is still there: %d %q, %v after the leader's client left; "+
+	if w := duplicateOfALeaderThatLeft(s); w.Code != http.StatusOK {
+		t.Errorf("the duplicate whose own client is still there: %d %q after the leader's client left; "+
 			"want 200 (the key came free 400ms in, well within its own Wait of 5s; runs %d)",
-			w.Code, strings.TrimSpace(w.Body.String()), time.Since(start).Round(time.Millisecond), runs.Load())
+			w.Code, strings.TrimSpace(w.Body.String()), runs.Load())
 	}
 	if n := runs.Load(); n != 1 {
 		t.Errorf("the handler ran %d times, want once (for the duplicate; never for the request that left)", n)
@@ -235,9 +219,7 @@ func TestSharedRPCErrorKeepsDetails(t *testing.T) {
 // answer alone: a duplicate that joined it (a client that timed out and retried with the same
 // key) runs the handler again rather than get the error the cancellation caused.
 func TestDuplicateRunsAgainWhenTheRunItJoinedFailedAfterItsRequestLeft(t *testing.T) {
-	tr := newTestRedis(t)
-	m := newMiddleware(t, tr, LockConf{Rules: []Rule{shareRuleWaiting(5 * time.Second)}})
-	handler := func(w http.ResponseWriter, r *http.Request) {
+	s, _ := payServer(t, func(w http.ResponseWriter, r *http.Request) {
 		select { // a handler that honours its context, as DB and RPC calls do
 		case <-time.After(400 * time.Millisecond):
 			w.WriteHeader(http.StatusOK)
@@ -245,20 +227,8 @@ func TestDuplicateRunsAgainWhenTheRunItJoinedFailedAfterItsRequestLeft(t *testin
 		case <-r.Context().Done():
 			http.Error(w, "cancelled: "+context.Cause(r.Context()).Error(), http.StatusServiceUnavailable)
 		}
-	}
-	s := serverless(t, restConf(t, 10*time.Second), m, []rest.Route{{Method: http.MethodPost, Path: "/pay", Handler: handler}})
-
-	lctx, cancelLeader := context.WithCancel(context.Background())
-	leader := make(chan int, 1)
-	go func() { leader <- serve(s, payRequest("u1", "k1", `{}`).WithContext(lctx)).Code }()
-	time.Sleep(100 * time.Millisecond) // the leader's handler runs
-	retry := make(chan *httptest.ResponseRecorder, 1)
-	go func() { retry <- serve(s, payRequest("u1", "k1", `{}`)) }()
-	time.Sleep(100 * time.Millisecond) // the retry joined the run
-	cancelLeader()                     // the first request's client gives up
-	<-leader
-	w := <-retry
-	if w.Code != http.StatusOK {
+	})
+	if w := duplicateOfALeaderThatLeft(s); w.Code != http.StatusOK {
 		t.Errorf("the retry, whose client is still there, got %d %q: the run was cancelled by the first "+
 			"request's client leaving", w.Code, strings.TrimSpace(w.Body.String()))
 	}
@@ -267,15 +237,12 @@ func TestDuplicateRunsAgainWhenTheRunItJoinedFailedAfterItsRequestLeft(t *testin
 // A handler that sends an informational status (103 Early Hints) before its real one answers
 // with the real one under a share rule.
 func TestInformationalStatusIsNotTheAnswer(t *testing.T) {
-	tr := newTestRedis(t)
-	m := newMiddleware(t, tr, LockConf{Rules: []Rule{shareRuleWaiting(5 * time.Second)}})
-	handler := func(w http.ResponseWriter, r *http.Request) {
+	s, _ := payServer(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Link", "</style.css>; rel=preload")
 		w.WriteHeader(http.StatusEarlyHints)
 		w.WriteHeader(http.StatusInternalServerError)
 		_, _ = w.Write([]byte("payment failed"))
-	}
-	s := serverless(t, restConf(t, 10*time.Second), m, []rest.Route{{Method: http.MethodPost, Path: "/pay", Handler: handler}})
+	})
 	srv := httptest.NewServer(http.HandlerFunc(s.Serve))
 	defer srv.Close()
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/pay", strings.NewReader(`{}`))
@@ -323,26 +290,14 @@ func TestCanceledCallIsNotStored(t *testing.T) {
 // stands when its request's client left while it ran: a duplicate that joined it gets the
 // 303; the handler does not run again.
 func TestRunThatDidItsWorkIsSharedWhenItsRequestLeft(t *testing.T) {
-	tr := newTestRedis(t)
-	m := newMiddleware(t, tr, LockConf{Rules: []Rule{shareRuleWaiting(5 * time.Second)}})
 	var runs atomic.Int32
-	handler := func(w http.ResponseWriter, r *http.Request) {
+	s, _ := payServer(t, func(w http.ResponseWriter, r *http.Request) {
 		n := runs.Add(1)
 		time.Sleep(400 * time.Millisecond) // creates the order, context or not
 		w.Header().Set("Location", "/orders/"+string(rune('0'+n)))
 		w.WriteHeader(http.StatusSeeOther)
-	}
-	s := serverless(t, restConf(t, 10*time.Second), m, []rest.Route{{Method: http.MethodPost, Path: "/pay", Handler: handler}})
-	lctx, cancelLeader := context.WithCancel(context.Background())
-	leader := make(chan int, 1)
-	go func() { leader <- serve(s, payRequest("u1", "k1", `{}`).WithContext(lctx)).Code }()
-	time.Sleep(100 * time.Millisecond)
-	retry := make(chan int, 1)
-	go func() { retry <- serve(s, payRequest("u1", "k1", `{}`)).Code }()
-	time.Sleep(100 * time.Millisecond)
-	cancelLeader()
-	<-leader
-	code := <-retry
+	})
+	code := duplicateOfALeaderThatLeft(s).Code
 	if n := runs.Load(); n != 1 {
 		t.Errorf("the handler ran %d times (retry got %d): a completed 303 whose client left is run again", n, code)
 	}
@@ -352,10 +307,8 @@ func TestRunThatDidItsWorkIsSharedWhenItsRequestLeft(t *testing.T) {
 // cut short: its empty answer is neither shared with a duplicate nor stored; the duplicate
 // runs the handler and its answer is what a later retry gets.
 func TestHandlerThatWroteNothingAfterItsRequestLeftIsRunAgain(t *testing.T) {
-	tr := newTestRedis(t)
-	m := newMiddleware(t, tr, LockConf{Rules: []Rule{shareRuleWaiting(5 * time.Second)}})
 	var runs atomic.Int32
-	handler := func(w http.ResponseWriter, r *http.Request) {
+	s, _ := payServer(t, func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 		select {
 		case <-time.After(400 * time.Millisecond):
@@ -363,25 +316,40 @@ func TestHandlerThatWroteNothingAfterItsRequestLeftIsRunAgain(t *testing.T) {
 		case <-r.Context().Done():
 			return // nothing written
 		}
-	}
-	s := serverless(t, restConf(t, 10*time.Second), m, []rest.Route{{Method: http.MethodPost, Path: "/pay", Handler: handler}})
-	lctx, cancelLeader := context.WithCancel(context.Background())
-	leader := make(chan int, 1)
-	go func() { leader <- serve(s, payRequest("u1", "k1", `{}`).WithContext(lctx)).Code }()
-	time.Sleep(100 * time.Millisecond)
-	retry := make(chan string, 1)
-	go func() {
-		w := serve(s, payRequest("u1", "k1", `{}`))
-		retry <- strings.TrimSpace(w.Body.String()) + "|" + http.StatusText(w.Code)
-	}()
-	time.Sleep(100 * time.Millisecond)
-	cancelLeader()
-	<-leader
-	if got := <-retry; got != "paid|OK" {
+	})
+	dup := duplicateOfALeaderThatLeft(s)
+	if got := strings.TrimSpace(dup.Body.String()) + "|" + http.StatusText(dup.Code); got != "paid|OK" {
 		t.Errorf("the duplicate whose client stayed got %q (runs %d)", got, runs.Load())
 	}
 	w := serve(s, payRequest("u1", "k1", `{}`))
 	if b := w.Body.String(); b != "paid" {
 		t.Errorf("a later retry got %d %q replayed=%q (runs %d)", w.Code, b, w.Header().Get("X-Flightlock-Replayed"), runs.Load())
 	}
+}
+
+// payServer serves POST /pay with handler under a share rule whose duplicates wait up to 5s.
+func payServer(t *testing.T, handler http.HandlerFunc) (*rest.Serverless, *testRedis) {
+	t.Helper()
+	tr := newTestRedis(t)
+	m := newMiddleware(t, tr, LockConf{Rules: []Rule{shareRuleWaiting(5 * time.Second)}})
+	return serverless(t, restConf(t, 10*time.Second), m, []rest.Route{{Method: http.MethodPost, Path: "/pay", Handler: handler}}), tr
+}
+
+// duplicateOfALeaderThatLeft sends s a request whose client leaves 200ms in, and its duplicate,
+// which joins the first one's run 100ms in and stays; it returns the duplicate's answer, once
+// the first request returned.
+func duplicateOfALeaderThatLeft(s *rest.Serverless) *httptest.ResponseRecorder {
+	lctx, cancelLeader := context.WithCancel(context.Background())
+	leader := make(chan struct{})
+	go func() {
+		defer close(leader)
+		serve(s, payRequest("u1", "k1", `{}`).WithContext(lctx))
+	}()
+	time.Sleep(100 * time.Millisecond) // the first request runs the handler, or waits for the lock
+	dup := make(chan *httptest.ResponseRecorder, 1)
+	go func() { dup <- serve(s, payRequest("u1", "k1", `{}`)) }()
+	time.Sleep(100 * time.Millisecond) // the duplicate joined its run
+	cancelLeader()                     // the first request's client goes away
+	<-leader
+	return <-dup
 }
