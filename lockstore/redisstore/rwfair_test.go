@@ -308,17 +308,9 @@ func waitGone(t *testing.T, c *redis.Client, keys ...string) {
 // A force unlock of a group of readers an operator saw removes that group only: the next group,
 // with no write between them, may carry the same fence, but not the same marker.
 func TestForceUnlockOfReadersSparesTheNextGroup(t *testing.T) {
-	b := miniBackend(t)
 	ctx := context.Background()
-	s, key := b.store, "lock:k"
-	if _, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: readerA, TTL: 10 * time.Second}); err != nil {
-		t.Fatal(err)
-	}
-	in := NewInspector(b.client, "lock:")
-	seen, err := in.Lookup(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, in, seen := readerSeenByAnOperator(t)
+	key := "lock:k"
 	if _, err := s.Release(ctx, key, readerA, "", 0); err != nil {
 		t.Fatal(err)
 	}
@@ -418,17 +410,9 @@ func TestFairLineKeepsItsOrderWhenTheServersClockStepsBack(t *testing.T) {
 // An operator's unlock of a read lock ends every read hold of that group: a reader of it is
 // not held again when another group of readers takes the key after it.
 func TestForceUnlockOfReadersEndsTheirHolds(t *testing.T) {
-	b := miniBackend(t)
 	ctx := context.Background()
-	s, key := b.store, "lock:k"
-	if _, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: readerA, TTL: 10 * time.Second}); err != nil {
-		t.Fatal(err)
-	}
-	in := NewInspector(b.client, "lock:")
-	seen, err := in.Lookup(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, in, seen := readerSeenByAnOperator(t)
+	key := "lock:k"
 	if _, err := in.ForceUnlock(ctx, seen); err != nil {
 		t.Fatal(err)
 	}
@@ -439,4 +423,21 @@ func TestForceUnlockOfReadersEndsTheirHolds(t *testing.T) {
 	if err := s.Refresh(ctx, key, readerA, 10*time.Second); !errors.Is(err, lockstore.ErrNotHeld) {
 		t.Fatalf("a reader whose lock an operator removed, refreshed once another group reads: %v, want ErrNotHeld", err)
 	}
+}
+
+// readerSeenByAnOperator is a store on which readerA reads "lock:k", and what an operator's
+// inspector saw of it.
+func readerSeenByAnOperator(t *testing.T) (*RedisStore, *RedisInspector, lockstore.LockInfo) {
+	t.Helper()
+	b := miniBackend(t)
+	ctx := context.Background()
+	if _, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:k", Owner: readerA, TTL: 10 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	in := NewInspector(b.client, "lock:")
+	seen, err := in.Lookup(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.store, in, seen
 }
